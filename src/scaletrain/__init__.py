@@ -1,0 +1,32 @@
+"""scaletrain: one job file, from one process to many, with production guardrails.
+
+Importing this package is cheap (no torch): the public names load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["run", "Task", "JobConfig", "load_job", "__version__"]
+
+if TYPE_CHECKING:
+    from scaletrain.api import run
+    from scaletrain.config import JobConfig, load_job
+    from scaletrain.task import Task
+
+_LAZY = {
+    "run": "scaletrain.api",
+    "Task": "scaletrain.task",
+    "JobConfig": "scaletrain.config",
+    "load_job": "scaletrain.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'scaletrain' has no attribute {name!r}")

@@ -1,0 +1,3 @@
+from scaletrain.cli.main import entrypoint
+
+entrypoint()

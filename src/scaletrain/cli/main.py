@@ -1,0 +1,143 @@
+"""The ``scaletrain`` command. Thin: parse flags, call the API, print the outcome.
+
+Bad input ends with one ``error: ...`` line and exit code 2; a failed run with exit code 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from scaletrain import __version__
+from scaletrain.errors import ConfigError, ScaletrainError
+
+app = typer.Typer(
+    name="scaletrain",
+    help="Train a PyTorch job from one job file: one process, local workers, or a cluster.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+JobArg = Annotated[Path, typer.Argument(help="the YAML job file", show_default=False)]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", "-s", help="override a job key: --set optim.lr=3e-4 (repeatable)"),
+]
+
+
+def _fail(exc: ScaletrainError) -> None:
+    if isinstance(exc, ConfigError):
+        prefix = f"{exc.source}: " if exc.source else ""
+        for problem in exc.problems:
+            typer.echo(f"error: {prefix}{problem}", err=True)
+    else:
+        typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(exc.exit_code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"scaletrain {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="show the version")
+    ] = False,
+) -> None:
+    """scaletrain: one job file, from one process to many."""
+
+
+@app.command()
+def run(
+    job: JobArg,
+    set_: SetOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print one JSON object with the outcome on stdout")
+    ] = False,
+) -> None:
+    """Train a job: in this process for one worker, as local workers for more."""
+    started_at = time.time()
+    from scaletrain.api import run as run_job
+
+    try:
+        summary = run_job(job, set_ or [], started_at=started_at)
+    except ScaletrainError as exc:
+        if as_json:
+            typer.echo(json.dumps({"status": "failed", "error": str(exc)}))
+        _fail(exc)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(130) from None
+    if as_json:
+        typer.echo(json.dumps(summary))
+    else:
+        _print_summary(summary)
+
+
+@app.command()
+def validate(job: JobArg, set_: SetOpt = None) -> None:
+    """Check a job file (and that its task imports); print the resolved job."""
+    from scaletrain.api import resolve_job
+    from scaletrain.config import job_to_yaml
+    from scaletrain.task import check_task_args, resolve_task_factory
+
+    try:
+        config, search_path = resolve_job(job, set_ or [])
+        factory = resolve_task_factory(config.task.target, search_path)
+        check_task_args(factory, config.task.args, config.task.target)
+    except ScaletrainError as exc:
+        _fail(exc)
+    typer.echo(job_to_yaml(config), nl=False)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of job files (for editor completion and validation)."""
+    from scaletrain.config import job_schema
+
+    typer.echo(json.dumps(job_schema(), indent=2))
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"{summary['job']} finished", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("run", summary["run_id"])
+    table.add_row("workers", f"{summary['world_size']} ({summary['engine']}, {summary['strategy']})")
+    table.add_row("steps", str(summary["steps"]))
+    for split in ("train", "eval"):
+        metrics = summary.get(split) or {}
+        shown = {k: v for k, v in metrics.items() if k not in ("lr", "step_time_s", "data_wait_s")}
+        if shown:
+            table.add_row(split, "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items()))
+    table.add_row("wall time", f"{summary['wall_time_s']:.1f} s")
+    table.add_row("weights", summary["weights"])
+    table.add_row("logs", summary["logs"])
+    console.print(table)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return str(value)
+
+
+def entrypoint() -> None:
+    sys.exit(app())
+
+
+if __name__ == "__main__":
+    entrypoint()

@@ -1,0 +1,140 @@
+"""The job schema: what a job file may say, with defaults and limits.
+
+Every section rejects unknown keys, so a typo fails loudly instead of being ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "JobConfig",
+    "TaskConfig",
+    "DataConfig",
+    "OptimConfig",
+    "TrainConfig",
+    "ScaleConfig",
+]
+
+
+BOOL_REJECTED = "a boolean where a number belongs"
+
+
+def _reject_bool(value: Any) -> Any:
+    # YAML `true` would otherwise pass as the number 1.
+    if isinstance(value, bool):
+        raise ValueError(BOOL_REJECTED)
+    return value
+
+
+_Number = BeforeValidator(_reject_bool)
+PositiveFloat = Annotated[float, _Number, Field(gt=0)]
+NonNegativeFloat = Annotated[float, _Number, Field(ge=0)]
+PositiveInt = Annotated[int, _Number, Field(ge=1)]
+NonNegativeInt = Annotated[int, _Number, Field(ge=0)]
+Fraction = Annotated[float, _Number, Field(ge=0, le=1)]
+
+_TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class TaskConfig(Section):
+    """Which Python task to train: ``package.module:attr`` plus keyword arguments for it."""
+
+    target: str = Field(description="import path of the task factory, `package.module:attr`")
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for it")
+
+    @field_validator("target")
+    @classmethod
+    def _check_target(cls, target: str) -> str:
+        if not _TARGET.match(target):
+            raise ValueError(f"must look like 'package.module:attr', got {target!r}")
+        return target
+
+
+class DataConfig(Section):
+    batch_size: PositiveInt = Field(description="samples per worker per micro-step")
+    loader_workers: NonNegativeInt = Field(
+        0, description="DataLoader worker processes per training worker"
+    )
+    shuffle: bool = Field(True, description="reshuffle every epoch (seeded)")
+
+
+class OptimConfig(Section):
+    name: Literal["adamw", "sgd"] = "adamw"
+    lr: PositiveFloat = Field(description="peak learning rate")
+    weight_decay: NonNegativeFloat = 0.0
+    betas: tuple[Fraction, Fraction] = (0.9, 0.999)
+    momentum: Fraction = Field(0.0, description="SGD only")
+    schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    warmup_steps: NonNegativeInt = 0
+    min_lr_ratio: Fraction = Field(0.0, description="final lr as a fraction of the peak lr")
+
+
+class TrainConfig(Section):
+    max_steps: PositiveInt | None = Field(None, description="optimizer steps to run")
+    epochs: PositiveInt | None = Field(None, description="or: passes over the training data")
+    grad_accum: PositiveInt = Field(1, description="micro-steps per optimizer step")
+    clip_grad_norm: PositiveFloat | None = Field(None, description="max global grad norm")
+    precision: Literal["fp32", "bf16"] = "fp32"
+    eval_every: PositiveInt | None = Field(None, description="evaluate every N steps (and at the end)")
+    log_every: PositiveInt = Field(10, description="report train metrics every N steps")
+
+    @model_validator(mode="after")
+    def _one_length(self) -> TrainConfig:
+        if (self.max_steps is None) == (self.epochs is None):
+            raise ValueError("set exactly one of train.max_steps or train.epochs")
+        return self
+
+
+class ScaleConfig(Section):
+    workers: PositiveInt = Field(1, description="training processes on this machine")
+    engine: Literal["local"] = Field("local", description="who starts the workers")
+    strategy: Literal["auto", "single", "ddp"] = Field(
+        "auto", description="auto: single for 1 worker, ddp for more"
+    )
+    threads_per_worker: PositiveInt | None = Field(
+        None, description="intra-op threads per worker (default: cores / workers)"
+    )
+
+    @model_validator(mode="after")
+    def _strategy_fits(self) -> ScaleConfig:
+        if self.strategy == "single" and self.workers > 1:
+            raise ValueError(
+                f"strategy 'single' runs one process but workers is {self.workers}; "
+                "use strategy 'ddp' or 'auto'"
+            )
+        return self
+
+    @property
+    def resolved_strategy(self) -> str:
+        if self.strategy != "auto":
+            return self.strategy
+        return "single" if self.workers == 1 else "ddp"
+
+
+class JobConfig(Section):
+    """A whole training job, as written in a YAML job file."""
+
+    name: str = Field("job", description="job name; runs go to <run_dir>/<name>/<run id>/")
+    task: TaskConfig
+    data: DataConfig
+    optim: OptimConfig
+    train: TrainConfig
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
+    seed: NonNegativeInt = 0
+    deterministic: bool = Field(False, description="use deterministic kernels (slower)")
+    run_dir: str = Field("runs", description="where run directories are created")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_folder(cls, name: str) -> str:
+        if not re.fullmatch(r"[\w.-]+", name) or name in {".", ".."}:
+            raise ValueError(f"must be a folder name (letters, digits, _ - .), got {name!r}")
+        return name

@@ -1,0 +1,149 @@
+"""Global data position: which samples each rank sees is a pure function of
+(seed, epoch, samples consumed so far), never of per-rank iterator state.
+
+At optimizer step ``s`` the job consumes the global batch ``perm(seed, epoch)[s*G:(s+1)*G]``
+with ``G = batch_size * world_size * grad_accum``. Micro-step ``m`` of rank ``r`` takes the
+slice ``[m*W*b + r*b, m*W*b + (r+1)*b)`` of it. So 2 workers x batch b see exactly the same
+global batches as 1 worker x batch 2b, and resuming at step ``s`` needs nothing but ``s``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+__all__ = ["derive_seed", "DataLayout", "GlobalBatchSampler", "SeededBatch", "SeededDataset", "shard_indices"]
+
+
+def derive_seed(*parts: Any) -> int:
+    """A stable 63-bit seed from any tuple of ints/strings (same on every host and Python)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class DataLayout:
+    """How one optimizer step's samples are laid out over micro-steps and ranks."""
+
+    dataset_len: int
+    batch_size: int  # per rank per micro-step
+    world_size: int
+    grad_accum: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size * self.grad_accum
+
+    @property
+    def steps_per_epoch(self) -> int:
+        # Each epoch is a fresh permutation; the last partial global batch is dropped.
+        return self.dataset_len // self.global_batch
+
+
+class SeededBatch(list):
+    """A list of dataset indices that carries the seed its augmentations must use."""
+
+    seed: int = 0
+
+
+class GlobalBatchSampler(Sampler[SeededBatch]):
+    """Yields this rank's micro-batches from ``start_step`` to ``stop_step`` (exclusive)."""
+
+    def __init__(
+        self,
+        layout: DataLayout,
+        rank: int,
+        seed: int,
+        shuffle: bool = True,
+        start_step: int = 0,
+        stop_step: int | None = None,
+    ):
+        if layout.steps_per_epoch < 1:
+            raise ValueError(
+                f"the training set has {layout.dataset_len} samples but one step needs "
+                f"{layout.global_batch} (batch_size {layout.batch_size} x workers "
+                f"{layout.world_size} x grad_accum {layout.grad_accum}); lower data.batch_size"
+            )
+        self.layout = layout
+        self.rank = rank
+        self.seed = seed
+        self.shuffle = shuffle
+        self.start_step = start_step
+        self.stop_step = stop_step
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(self.layout.dataset_len)
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, "epoch", epoch))
+        return torch.randperm(self.layout.dataset_len, generator=generator)
+
+    def indices(self, step: int, micro: int) -> list[int]:
+        """This rank's sample indices for one micro-step (used by tests and by __iter__)."""
+        epoch, within = divmod(step, self.layout.steps_per_epoch)
+        return self._slice(self.epoch_order(epoch), within, micro)
+
+    def _slice(self, order: torch.Tensor, within: int, micro: int) -> list[int]:
+        b, w = self.layout.batch_size, self.layout.world_size
+        start = within * self.layout.global_batch + micro * w * b + self.rank * b
+        return order[start : start + b].tolist()
+
+    def __iter__(self) -> Iterator[SeededBatch]:
+        step = self.start_step
+        cached_epoch, order = -1, None
+        while self.stop_step is None or step < self.stop_step:
+            epoch, within = divmod(step, self.layout.steps_per_epoch)
+            if epoch != cached_epoch:
+                cached_epoch, order = epoch, self.epoch_order(epoch)
+            for micro in range(self.layout.grad_accum):
+                batch = SeededBatch(self._slice(order, within, micro))
+                batch.seed = derive_seed(self.seed, "data", step, micro, self.rank)
+                yield batch
+            step += 1
+
+    def __len__(self) -> int:
+        if self.stop_step is None:
+            raise TypeError("an unbounded sampler has no length")
+        return max(0, self.stop_step - self.start_step) * self.layout.grad_accum
+
+
+class SeededDataset(Dataset):
+    """Wraps a dataset so random augmentation inside a fetch is seeded by the batch, not by
+    whichever process or iterator happened to fetch it. The caller's RNG state is restored."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, batch: list[int]) -> list[Any]:
+        seed = getattr(batch, "seed", None)
+        if seed is None:
+            return [self.dataset[i] for i in batch]
+        torch_state = torch.get_rng_state()
+        py_state = random.getstate()
+        np_state = np.random.get_state()
+        try:
+            torch.manual_seed(seed)
+            random.seed(seed)
+            np.random.seed(seed % (1 << 32))
+            return [self.dataset[i] for i in batch]
+        finally:
+            torch.set_rng_state(torch_state)
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+def shard_indices(dataset_len: int, rank: int, world_size: int) -> list[int]:
+    """Evaluation split: every sample exactly once over all ranks, no padding."""
+    return list(range(rank, dataset_len, world_size))

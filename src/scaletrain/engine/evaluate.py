@@ -1,0 +1,66 @@
+"""Evaluation: every rank scores its shard, sums are all-reduced, so metrics are exact means
+over the whole eval set whatever the world size."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from scaletrain.distributed.process_group import all_reduce_sum
+from scaletrain.task import split_loss_output
+
+__all__ = ["evaluate", "batch_length"]
+
+
+def batch_length(batch: Any) -> int:
+    for leaf in tree_leaves(batch):
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
+            return int(leaf.shape[0])
+    raise ValueError("cannot tell the batch size: the batch holds no tensor with a batch dimension")
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, Any], Any],
+    batches: Iterable[Any],
+    to_device: Callable[[Any], Any],
+    autocast: Callable[[], Any],
+) -> dict[str, float]:
+    """Sample-weighted means of the loss and of every metric the task returns."""
+    was_training = model.training
+    model.eval()
+    names: list[str] = []
+    sums: torch.Tensor | None = None
+    count = 0
+    try:
+        for batch in batches:
+            batch = to_device(batch)
+            n = batch_length(batch)
+            with autocast():
+                loss, metrics = split_loss_output(loss_fn(model, batch))
+            values = {"loss": loss, **metrics}
+            if sums is None:
+                names = sorted(values)
+                sums = torch.zeros(len(names), dtype=torch.float64)
+            row = torch.tensor([float(values[k]) * n for k in names], dtype=torch.float64)
+            sums += row
+            count += n
+    finally:
+        model.train(was_training)
+    if sums is None:
+        raise ValueError("this rank's share of the eval set is empty")
+    packed = torch.cat([sums, torch.tensor([float(count)], dtype=torch.float64)])
+    device_packed = all_reduce_sum(packed.to(_device_of(model)))
+    totals = device_packed.cpu()
+    return {name: float(totals[i] / totals[-1]) for i, name in enumerate(names)}
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for param in model.parameters():
+        return param.device
+    return torch.device("cpu")

@@ -1,0 +1,254 @@
+"""The training loop. It reads like the recipe: for each step, accumulate micro-batches,
+clip, step the optimizer and the schedule, report, evaluate."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from scaletrain.config.schema import JobConfig
+from scaletrain.data.loader import eval_loader, train_loader
+from scaletrain.data.sampler import DataLayout, derive_seed
+from scaletrain.distributed.device import Placement, autocast
+from scaletrain.distributed.env import DistEnv
+from scaletrain.distributed.process_group import all_reduce_mean
+from scaletrain.engine.evaluate import evaluate
+from scaletrain.engine.optim import build_optimizer
+from scaletrain.engine.schedule import LRSchedule, build_scheduler
+from scaletrain.engine.weights import state_dict_sha256
+from scaletrain.errors import ScaletrainError
+from scaletrain.strategies import get_strategy
+from scaletrain.task import split_loss_output
+from scaletrain.tracking.reporter import Reporter
+
+__all__ = ["Trainer", "TrainResult", "TrainingDiverged"]
+
+log = logging.getLogger("scaletrain.engine")
+
+
+class TrainingDiverged(ScaletrainError):
+    """The loss became NaN or infinite."""
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    train: dict[str, float] = field(default_factory=dict)
+    eval: dict[str, float] = field(default_factory=dict)
+    weights_sha256: str = ""
+    first_step_at: float | None = None  # wall clock when step 1 finished
+
+
+class Trainer:
+    def __init__(
+        self,
+        job: JobConfig,
+        task: Any,
+        env: DistEnv,
+        placement: Placement,
+        reporter: Reporter,
+    ):
+        self.job, self.task, self.env, self.placement, self.reporter = (
+            job, task, env, placement, reporter
+        )
+        self.device = placement.device
+        self.strategy = get_strategy(job.scale.resolved_strategy)
+
+        # Same seed on every rank, so every replica is built identically.
+        torch.manual_seed(derive_seed(job.seed, "init"))
+        self.model = self.strategy.wrap(task.build_model(), placement)
+        self.optimizer = build_optimizer(self.strategy.unwrap(self.model), job.optim)
+
+        self.train_set = task.train_dataset()
+        self.eval_set = task.eval_dataset() if callable(getattr(task, "eval_dataset", None)) else None
+        if self.eval_set is not None and len(self.eval_set) < env.world_size:
+            raise ScaletrainError(
+                f"the eval set has {len(self.eval_set)} samples, fewer than the "
+                f"{env.world_size} workers; use a larger eval set or fewer workers"
+            )
+        self.collate = getattr(task, "collate", None)
+        self.layout = DataLayout(
+            dataset_len=len(self.train_set),
+            batch_size=job.data.batch_size,
+            world_size=env.world_size,
+            grad_accum=job.train.grad_accum,
+        )
+        if self.layout.steps_per_epoch < 1:
+            raise ScaletrainError(
+                f"the training set has {self.layout.dataset_len} samples but one step needs "
+                f"{self.layout.global_batch} (data.batch_size x workers x train.grad_accum); "
+                "lower data.batch_size or train.grad_accum"
+            )
+        self.max_steps = job.train.max_steps or job.train.epochs * self.layout.steps_per_epoch
+        self.scheduler = build_scheduler(
+            self.optimizer,
+            LRSchedule(
+                kind=job.optim.schedule,
+                warmup_steps=job.optim.warmup_steps,
+                total_steps=self.max_steps,
+                min_ratio=job.optim.min_lr_ratio,
+            ),
+        )
+        self.step = 0  # optimizer steps completed
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> TrainResult:
+        train = self.job.train
+        loader = train_loader(
+            self.train_set,
+            self.layout,
+            rank=self.env.rank,
+            seed=self.job.seed,
+            shuffle=self.job.data.shuffle,
+            start_step=self.step,
+            stop_step=self.max_steps,
+            loader_workers=self.job.data.loader_workers,
+            collate=self.collate,
+            pin_memory=self.device.type == "cuda",
+        )
+        batches = iter(loader)
+        result = TrainResult(steps=self.step)
+        self.reporter.on_start(total_steps=self.max_steps, start_step=self.step)
+        window = _Window(time.perf_counter(), self.step)
+        self.model.train()
+        while self.step < self.max_steps:
+            step_out = self.train_step(batches, report=self._due(train.log_every))
+            self.step += 1
+            window.add(step_out)
+            if result.first_step_at is None:
+                result.first_step_at = time.time()
+            if step_out.report:
+                result.train = self._report_train(step_out, window)
+                window = _Window(time.perf_counter(), self.step)
+            if self.eval_set is not None and train.eval_every and self.step % train.eval_every == 0:
+                result.eval = self.run_eval()
+            self.reporter.on_step(self.step)
+        if self.eval_set is not None and (not train.eval_every or self.step % train.eval_every):
+            result.eval = self.run_eval()
+        result.steps = self.step
+        result.weights_sha256 = state_dict_sha256(self.strategy.unwrap(self.model).state_dict())
+        self.reporter.on_end()
+        return result
+
+    def train_step(self, batches: Any, report: bool) -> _StepOutput:
+        accum = self.job.train.grad_accum
+        # Randomness inside the step (dropout...) depends only on (seed, step, rank).
+        torch.manual_seed(derive_seed(self.job.seed, "step", self.step, self.env.rank))
+        loss_sum = torch.zeros((), device=self.device)
+        metric_sums: dict[str, torch.Tensor] = {}
+        data_wait = 0.0
+        for micro in range(accum):
+            waited = time.perf_counter()
+            batch = self._to_device(next(batches))
+            data_wait += time.perf_counter() - waited
+            with self.strategy.sync_gradients(self.model, sync=micro == accum - 1):
+                with autocast(self.device, self.job.train.precision):
+                    loss, metrics = split_loss_output(self.task.loss(self.model, batch))
+                (loss / accum).backward()
+            loss_sum += loss.detach().float()
+            for name, value in metrics.items():
+                value = torch.as_tensor(value, device=self.device).detach().float()
+                metric_sums[name] = metric_sums.get(name, 0) + value
+        grad_norm = None
+        if self.job.train.clip_grad_norm:
+            grad_norm = self.strategy.clip_grad_norm(self.model, self.job.train.clip_grad_norm)
+        elif report:
+            grad_norm = self.strategy.grad_norm(self.model)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return _StepOutput(
+            loss=loss_sum / accum,
+            metrics={k: v / accum for k, v in metric_sums.items()},
+            grad_norm=grad_norm,
+            lr=lr,
+            data_wait=data_wait,
+            report=report,
+        )
+
+    def run_eval(self) -> dict[str, float]:
+        loader = eval_loader(
+            self.eval_set,
+            batch_size=self.job.data.batch_size,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+            loader_workers=self.job.data.loader_workers,
+            collate=self.collate,
+            pin_memory=self.device.type == "cuda",
+        )
+        metrics = evaluate(
+            self.strategy.unwrap(self.model),
+            self.task.loss,
+            loader,
+            self._to_device,
+            lambda: autocast(self.device, self.job.train.precision),
+        )
+        self.reporter.on_eval_metrics(self.step, metrics)
+        return metrics
+
+    # ------------------------------------------------------------------ helpers
+
+    def _due(self, every: int) -> bool:
+        next_step = self.step + 1
+        return next_step % every == 0 or next_step == self.max_steps or next_step == 1
+
+    def _report_train(self, out: _StepOutput, window: _Window) -> dict[str, float]:
+        # One all-reduce packs the loss and every metric: the mean over all ranks.
+        names = sorted(out.metrics)
+        packed = torch.stack([out.loss, *(out.metrics[n] for n in names)]).float()
+        values = all_reduce_mean(packed).tolist()
+        loss = values[0]
+        if not math.isfinite(loss):
+            raise TrainingDiverged(
+                f"the loss became {loss} at step {self.step}; lower optim.lr, add warmup "
+                "(optim.warmup_steps) or set train.clip_grad_norm"
+            )
+        elapsed = time.perf_counter() - window.started
+        steps = self.step - window.start_step
+        metrics = {"loss": loss, **dict(zip(names, values[1:]))}
+        metrics["lr"] = out.lr
+        if out.grad_norm is not None:
+            metrics["grad_norm"] = float(out.grad_norm)
+        metrics["step_time_s"] = elapsed / steps
+        metrics["samples_per_s"] = steps * self.layout.global_batch / elapsed
+        metrics["data_wait_s"] = window.data_wait / steps
+        self.reporter.on_train_metrics(self.step, metrics)
+        return metrics
+
+    def _to_device(self, batch: Any) -> Any:
+        if self.device.type == "cpu":
+            return batch
+        return tree_map(
+            lambda x: x.to(self.device, non_blocking=True) if isinstance(x, torch.Tensor) else x,
+            batch,
+        )
+
+
+@dataclass
+class _StepOutput:
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor]
+    grad_norm: torch.Tensor | None
+    lr: float
+    data_wait: float
+    report: bool
+
+
+@dataclass
+class _Window:
+    """Timing since the last report, so samples/s is averaged over the reporting window."""
+
+    started: float
+    start_step: int
+    data_wait: float = 0.0
+
+    def add(self, out: _StepOutput) -> None:
+        self.data_wait += out.data_wait

@@ -1,0 +1,61 @@
+"""Errors a user can hit. Each carries a one-line message that says what to do.
+
+The CLI prints ``error: <message>`` and exits with ``exit_code``: 2 for bad input
+(job file, flags, task path), 1 for a run that started and failed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ScaletrainError",
+    "ConfigError",
+    "TaskError",
+    "WorkerFailedError",
+    "MissingExtraError",
+]
+
+
+class ScaletrainError(Exception):
+    """Base class: a problem with a message meant for the user, not a bug."""
+
+    exit_code = 1
+
+
+class ConfigError(ScaletrainError):
+    """The job file or an override is invalid. ``problems`` holds one line per problem."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str] | str, source: str | None = None):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        super().__init__("\n".join(prefix + p for p in self.problems))
+
+
+class TaskError(ScaletrainError):
+    """The task named by ``task.target`` cannot be imported or does not fit the Task protocol."""
+
+    exit_code = 2
+
+
+class WorkerFailedError(ScaletrainError):
+    """A training worker raised or died. ``rank`` is the first rank that failed."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, rank: int | None = None, log_path: str | None = None):
+        self.rank = rank
+        self.log_path = log_path
+        super().__init__(message)
+
+
+class MissingExtraError(ScaletrainError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+    exit_code = 2
+
+    def __init__(self, package: str, extra: str):
+        super().__init__(
+            f"{package} is not installed; install it with: pip install 'scaletrain[{extra}]'"
+        )

@@ -1,0 +1,19 @@
+"""Engines that start workers. The worker entry point is the same for all of them."""
+
+from __future__ import annotations
+
+from scaletrain.config.schema import JobConfig
+from scaletrain.launch.base import Launcher
+
+__all__ = ["Launcher", "launcher_for"]
+
+
+def launcher_for(job: JobConfig) -> Launcher:
+    """One worker runs in-process; more go to the job's engine."""
+    if job.scale.workers == 1:
+        from scaletrain.launch.inprocess import InProcessLauncher
+
+        return InProcessLauncher()
+    from scaletrain.launch.local import LocalLauncher
+
+    return LocalLauncher()

@@ -1,0 +1,27 @@
+"""One worker, in the calling process: no process group, no start-up cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.distributed.env import DistEnv
+from scaletrain.errors import ScaletrainError
+from scaletrain.launch.base import Launcher, worker_error
+from scaletrain.launch.spec import RunSpec
+from scaletrain.launch.worker import run_worker
+
+__all__ = ["InProcessLauncher"]
+
+
+class InProcessLauncher(Launcher):
+    name = "in-process"
+
+    def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
+        assert workers == 1, "the in-process launcher runs exactly one worker"
+        try:
+            # An explicit env: a stray RANK/WORLD_SIZE in the shell must not change the job.
+            return run_worker(spec, DistEnv())
+        except ScaletrainError:
+            raise
+        except Exception as exc:
+            raise worker_error(spec, 0, f"{type(exc).__name__}: {exc}") from exc

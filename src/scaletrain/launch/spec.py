@@ -1,0 +1,45 @@
+"""What a launcher hands every worker: plain data, so any engine (local, Ray) can ship it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunSpec", "new_run_id"]
+
+
+def new_run_id() -> str:
+    """Sortable by start time, unique without coordination: 20261202-141500-3fa9c1."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+@dataclass
+class RunSpec:
+    job: dict[str, Any]  # the resolved JobConfig, as JSON-able data
+    run_id: str
+    run_dir: str
+    trace_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    python_path: list[str] = field(default_factory=list)  # where task.target is imported from
+    threads: int = 1  # intra-op threads per worker
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def logs_dir(self) -> Path:
+        return Path(self.run_dir) / "logs"
+
+    def worker_log(self, rank: int) -> Path:
+        return self.logs_dir / f"worker-{rank}.jsonl"
+
+    def worker_error(self, rank: int) -> Path:
+        return self.logs_dir / f"worker-{rank}.error.json"
+
+    @classmethod
+    def in_dir(cls, job: dict[str, Any], run_root: str | os.PathLike, **kwargs: Any) -> RunSpec:
+        run_id = new_run_id()
+        run_dir = Path(run_root) / job["name"] / run_id
+        return cls(job=job, run_id=run_id, run_dir=str(run_dir.resolve()), **kwargs)

@@ -1,0 +1,117 @@
+"""The one worker entry point every engine starts.
+
+It reads only the RunSpec and the standard env contract (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT), so it does not care whether torch elastic, Ray or the current
+process launched it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import traceback
+from dataclasses import asdict
+from typing import Any
+
+from scaletrain.checkpoint.atomic import write_text_atomic
+from scaletrain.config.schema import JobConfig
+from scaletrain.distributed.device import apply_threads, choose_placement, set_determinism
+from scaletrain.distributed.env import DistEnv
+from scaletrain.distributed.process_group import process_group
+from scaletrain.engine.trainer import Trainer
+from scaletrain.engine.weights import save_weights
+from scaletrain.launch.spec import RunSpec
+from scaletrain.task import build_task
+from scaletrain.tracking.logs import LOGGER_NAME, LogContext, setup_logging
+from scaletrain.tracking.progress import ProgressBar, progress_wanted
+from scaletrain.tracking.reporter import LogReporter, MetricsFile, NullReporter, Reporters
+
+__all__ = ["run_worker", "WEIGHTS_FILE"]
+
+WEIGHTS_FILE = "model.safetensors"
+log = logging.getLogger(f"{LOGGER_NAME}.worker")
+
+
+class _StepTracker(NullReporter):
+    """Keeps the log context's step current on every rank."""
+
+    def __init__(self, context: LogContext):
+        self.context = context
+
+    def on_step(self, step: int) -> None:
+        self.context.step = step
+
+
+def run_worker(spec: RunSpec, env: DistEnv | None = None) -> dict[str, Any]:
+    """Train this rank's share of the job. Returns the train result (the same on every rank)."""
+    env = env or DistEnv.from_env()
+    job = JobConfig.model_validate(spec.job)
+    context = LogContext(spec.run_id, spec.trace_id, env.rank)
+    undo_logging = setup_logging(context, spec.worker_log(env.rank))
+    reporter = _reporter_for(env, spec, job, context)
+    try:
+        apply_threads(spec.threads)
+        set_determinism(job.deterministic)
+        placement = choose_placement(env)
+        log.info(
+            "worker started",
+            extra={
+                "pid": os.getpid(),
+                "world_size": env.world_size,
+                "device": str(placement.device),
+                "backend": placement.backend if env.is_distributed else None,
+                "threads": spec.threads,
+            },
+        )
+        with process_group(env, placement):
+            task = build_task(job.task.target, job.task.args, spec.python_path)
+            trainer = Trainer(job, task, env, placement, reporter)
+            result = trainer.fit()
+            if env.is_main:
+                save_weights(
+                    trainer.strategy.unwrap(trainer.model),
+                    os.path.join(spec.run_dir, WEIGHTS_FILE),
+                    metadata={"run_id": spec.run_id, "step": str(result.steps)},
+                )
+        log.info("worker finished", extra={"steps": result.steps})
+        return asdict(result)
+    except BaseException as exc:
+        log.error("worker failed: %s: %s", type(exc).__name__, exc, exc_info=True)
+        _write_error(spec, env.rank, exc)
+        raise
+    finally:
+        reporter.on_end()
+        undo_logging()
+
+
+def _reporter_for(env: DistEnv, spec: RunSpec, job: JobConfig, context: LogContext) -> Reporters:
+    sinks: list[Any] = [_StepTracker(context)]
+    if env.is_main:
+        sinks += [
+            MetricsFile(os.path.join(spec.run_dir, "metrics.jsonl")),
+            LogReporter(logging.getLogger(f"{LOGGER_NAME}.metrics")),
+        ]
+        if progress_wanted():
+            sinks.append(ProgressBar(job.name))
+    return Reporters(*sinks)
+
+
+def _write_error(spec: RunSpec, rank: int, exc: BaseException) -> None:
+    """A small JSON file per failed rank, so any launcher can show the user the real error."""
+    try:
+        write_text_atomic(
+            spec.worker_error(rank),
+            json.dumps(
+                {
+                    "rank": rank,
+                    "type": type(exc).__name__,
+                    "message": str(exc),
+                    "traceback": traceback.format_exc(),
+                    "timestamp": time.time(),
+                }
+            ),
+        )
+    except OSError:
+        log.warning("could not write the error file for rank %s", rank, exc_info=True)

@@ -1,0 +1,147 @@
+"""The Task protocol: the few things a user writes. scaletrain owns everything else.
+
+A task is any object with these methods (subclassing :class:`Task` is optional and gives
+the defaults)::
+
+    class DigitsTask(scaletrain.Task):
+        def __init__(self, hidden: int = 128): ...
+        def build_model(self) -> nn.Module: ...             # called after seeding: same init everywhere
+        def train_dataset(self) -> Dataset: ...             # map-style: len() and [i]
+        def eval_dataset(self) -> Dataset | None: ...       # optional
+        def loss(self, model, batch) -> Tensor | tuple[Tensor, dict[str, Tensor | float]]: ...
+
+The job file names a factory (a class or a function) as ``package.module:attr``; it is called
+with ``task.args`` as keyword arguments in every worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from scaletrain.errors import TaskError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset
+
+__all__ = ["Task", "TaskProtocol", "resolve_task_factory", "build_task", "split_loss_output"]
+
+REQUIRED_METHODS = ("build_model", "train_dataset", "loss")
+
+
+@runtime_checkable
+class TaskProtocol(Protocol):
+    def build_model(self) -> nn.Module: ...
+
+    def train_dataset(self) -> Dataset: ...
+
+    def loss(self, model: nn.Module, batch: Any) -> Any: ...
+
+
+class Task:
+    """Optional base class for tasks: documents the contract and supplies the optional parts."""
+
+    def build_model(self) -> nn.Module:
+        raise NotImplementedError("a task must define build_model()")
+
+    def train_dataset(self) -> Dataset:
+        raise NotImplementedError("a task must define train_dataset()")
+
+    def eval_dataset(self) -> Dataset | None:
+        """Held-out data evaluated every ``train.eval_every`` steps; None to skip evaluation."""
+        return None
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor | tuple[torch.Tensor, dict]:
+        """Return the mean loss of the batch, optionally with metrics (means over the batch)."""
+        raise NotImplementedError("a task must define loss(model, batch)")
+
+    def collate(self, samples: list[Any]) -> Any:
+        """Turn a list of dataset items into a batch; torch's default_collate unless overridden."""
+        from torch.utils.data import default_collate
+
+        return default_collate(samples)
+
+
+def resolve_task_factory(target: str, search_path: Sequence[str] = ()) -> Callable[..., Any]:
+    """Import ``package.module:attr``. Raises TaskError naming what did not resolve."""
+    for entry in reversed(search_path):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    module_name, _, attr_path = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name.split(".")[0]):
+            raise TaskError(
+                f"task.target '{target}': module '{exc.name}' not found; run from the "
+                "directory that contains it or install its package"
+            ) from None
+        raise TaskError(
+            f"task.target '{target}': importing '{module_name}' failed: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    except Exception as exc:  # the user's module raised while importing
+        raise TaskError(
+            f"task.target '{target}': importing '{module_name}' failed: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    obj: Any = module
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise TaskError(
+                f"task.target '{target}': '{module_name}' has no attribute '{attr_path}'"
+                + _close_names(module, part)
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TaskError(f"task.target '{target}' is not a class or function; it cannot be called")
+    return obj
+
+
+def check_task_args(factory: Callable[..., Any], args: Mapping[str, Any], target: str) -> None:
+    """Fail before any worker starts if ``task.args`` does not fit the factory's signature."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(**args)
+    except TypeError as exc:
+        raise TaskError(f"task.args do not fit {target}{signature}: {exc}") from None
+
+
+def build_task(target: str, args: Mapping[str, Any], search_path: Sequence[str] = ()) -> Any:
+    """Resolve, call and check a task. Raises TaskError for anything the user must fix."""
+    factory = resolve_task_factory(target, search_path)
+    check_task_args(factory, args, target)
+    task = factory(**dict(args))
+    missing = [name for name in REQUIRED_METHODS if not callable(getattr(task, name, None))]
+    if missing:
+        raise TaskError(
+            f"task '{target}' returned {type(task).__name__}, which lacks "
+            f"{', '.join(m + '()' for m in missing)}; see scaletrain.Task"
+        )
+    return task
+
+
+def split_loss_output(output: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A task's loss() returns a loss tensor, or (loss, metrics). Normalise to the pair."""
+    if isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], Mapping):
+        return output[0], dict(output[1])
+    if isinstance(output, Mapping) and "loss" in output:
+        metrics = {k: v for k, v in output.items() if k != "loss"}
+        return output["loss"], metrics
+    return output, {}
+
+
+def _close_names(module: Any, name: str) -> str:
+    import difflib
+
+    public = [n for n in dir(module) if not n.startswith("_")]
+    close = difflib.get_close_matches(name, public, n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""

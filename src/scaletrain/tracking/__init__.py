@@ -1,0 +1,1 @@
+"""What a run reports: metrics files, JSON logs, the console progress bar."""

@@ -1,0 +1,115 @@
+"""Structured JSON logs: one file per worker, plus stderr when it is not a terminal.
+
+Every record carries timestamp, level, message, run_id, trace_id, rank and the current step,
+so the lines of all workers of all attempts can be merged and filtered with jq.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+__all__ = ["JsonFormatter", "LogContext", "setup_logging", "LOGGER_NAME"]
+
+LOGGER_NAME = "scaletrain"
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class LogContext:
+    """The fields stamped on every record of this process; ``step`` moves as training does."""
+
+    def __init__(self, run_id: str, trace_id: str, rank: int | None):
+        self.run_id = run_id
+        self.trace_id = trace_id
+        self.rank = rank
+        self.step: int | None = None
+
+
+class _ContextFilter(logging.Filter):
+    def __init__(self, context: LogContext):
+        super().__init__()
+        self.context = context
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.run_id = self.context.run_id
+        record.trace_id = self.context.trace_id
+        record.rank = self.context.rank
+        if getattr(record, "step", None) is None:
+            record.step = self.context.step
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "timestamp": datetime.fromtimestamp(record.created, timezone.utc).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname.lower(),
+            "message": record.getMessage(),
+            "logger": record.name,
+            "run_id": getattr(record, "run_id", None),
+            "trace_id": getattr(record, "trace_id", None),
+            "rank": getattr(record, "rank", None),
+            "step": getattr(record, "step", None),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and key not in entry:
+                entry[key] = value
+        if record.exc_info:
+            entry["exception"] = "".join(traceback.format_exception(*record.exc_info))
+        return json.dumps(entry, default=str)
+
+
+class _HumanFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        rank = getattr(record, "rank", None)
+        where = f"[rank {rank}] " if rank is not None else ""
+        return f"{record.levelname.lower()}: {where}{record.getMessage()}"
+
+
+def setup_logging(
+    context: LogContext,
+    log_file: str | Path | None,
+    console_level: int = logging.INFO,
+) -> Callable[[], None]:
+    """Attach the file and console handlers to the ``scaletrain`` logger; returns the undo.
+
+    On a terminal the console shows warnings and errors in plain words (the progress bar tells
+    the rest); elsewhere it gets the same JSON lines as the file.
+    """
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    context_filter = _ContextFilter(context)
+    handlers: list[logging.Handler] = []
+    if log_file is not None:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        file_handler = logging.FileHandler(log_file, encoding="utf-8")
+        file_handler.setFormatter(JsonFormatter())
+        file_handler.setLevel(logging.DEBUG)
+        handlers.append(file_handler)
+    console = logging.StreamHandler(sys.stderr)
+    if sys.stderr.isatty():
+        console.setFormatter(_HumanFormatter())
+        console.setLevel(logging.WARNING)
+    else:
+        console.setFormatter(JsonFormatter())
+        console.setLevel(console_level)
+    handlers.append(console)
+    for handler in handlers:
+        handler.addFilter(context_filter)
+        logger.addHandler(handler)
+
+    def undo() -> None:
+        for handler in handlers:
+            logger.removeHandler(handler)
+            handler.close()
+
+    return undo

@@ -1,0 +1,106 @@
+"""Where the loop's numbers go. The loop calls a Reporter; rank 0 fans out to the sinks."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import IO, Protocol
+
+__all__ = ["Reporter", "NullReporter", "Reporters", "MetricsFile", "LogReporter"]
+
+
+class Reporter(Protocol):
+    def on_start(self, total_steps: int, start_step: int) -> None: ...
+
+    def on_step(self, step: int) -> None: ...
+
+    def on_train_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def on_end(self) -> None: ...
+
+
+class NullReporter:
+    """For ranks other than 0: they compute metrics (collectives need them) but report nothing."""
+
+    def on_start(self, total_steps: int, start_step: int) -> None:
+        pass
+
+    def on_step(self, step: int) -> None:
+        pass
+
+    def on_train_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def on_end(self) -> None:
+        pass
+
+
+class Reporters(NullReporter):
+    def __init__(self, *sinks: Reporter):
+        self.sinks = sinks
+
+    def on_start(self, total_steps: int, start_step: int) -> None:
+        for sink in self.sinks:
+            sink.on_start(total_steps, start_step)
+
+    def on_step(self, step: int) -> None:
+        for sink in self.sinks:
+            sink.on_step(step)
+
+    def on_train_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.on_train_metrics(step, metrics)
+
+    def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.on_eval_metrics(step, metrics)
+
+    def on_end(self) -> None:
+        for sink in self.sinks:
+            sink.on_end()
+
+
+class MetricsFile(NullReporter):
+    """``metrics.jsonl`` in the run directory: one line per report, flushed as written."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._file: IO[str] | None = None
+
+    def on_start(self, total_steps: int, start_step: int) -> None:
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def _write(self, split: str, step: int, metrics: dict[str, float]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps({"split": split, "step": step, **metrics}) + "\n")
+            self._file.flush()
+
+    def on_train_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self._write("train", step, metrics)
+
+    def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self._write("eval", step, metrics)
+
+    def on_end(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class LogReporter(NullReporter):
+    """Metrics as structured log records (they reach the JSON worker log)."""
+
+    def __init__(self, logger: logging.Logger):
+        self.logger = logger
+
+    def on_train_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.logger.info("train metrics", extra={"step": step, "metrics": metrics})
+
+    def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.logger.info("eval metrics", extra={"step": step, "metrics": metrics})
