@@ -1,0 +1,28 @@
+# The two commands: `make run` trains the example job, `make test` runs the whole suite.
+# Both create .venv on first use: the CPU build of torch first (a plain `torch` would pull CUDA),
+# then scaletrain with its dev extras.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test venv clean
+
+run: $(STAMP)
+	$(BIN)/scaletrain run examples/digits.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,41 @@
+"""Helpers to run scaletrain as a user would and read what a run leaves behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def read_metrics(run_dir: str | Path, split: str = "train") -> list[dict]:
+    lines = Path(run_dir, "metrics.jsonl").read_text().splitlines()
+    return [row for row in map(json.loads, lines) if row["split"] == split]
+
+
+def scaletrain_cli(*args: str, cwd: Path = REPO, timeout: float = 240, env: dict | None = None):
+    """Run the CLI in a subprocess; returns the CompletedProcess (stdout, stderr, returncode)."""
+    return subprocess.run(
+        [sys.executable, "-m", "scaletrain", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it has stopped running all the same.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

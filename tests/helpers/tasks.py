@@ -1,0 +1,97 @@
+"""Small tasks for tests: generated data, no downloads, and a few hooks for fault injection."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+import scaletrain
+
+
+class ToyTask(scaletrain.Task):
+    """4-class classification of random points by a fixed random linear rule."""
+
+    def __init__(
+        self,
+        samples: int = 512,
+        dim: int = 16,
+        hidden: int = 32,
+        dropout: float = 0.0,
+        eval_samples: int = 128,
+        fail_rank: int | None = None,
+        fail_at_step: int | None = None,
+        pid_dir: str | None = None,
+        nan_at_step: int | None = None,
+    ):
+        generator = torch.Generator().manual_seed(42)
+        x = torch.randn(samples + eval_samples, dim, generator=generator)
+        w = torch.randn(dim, 4, generator=generator)
+        y = (x @ w).argmax(dim=-1)
+        self.train = TensorDataset(x[:samples], y[:samples])
+        self.eval = TensorDataset(x[samples:], y[samples:]) if eval_samples else None
+        self.dim, self.hidden, self.dropout = dim, hidden, dropout
+        self.fail_rank, self.fail_at_step = fail_rank, fail_at_step
+        self.calls = 0
+        self.nan_at_step = nan_at_step
+        if pid_dir:
+            Path(pid_dir, f"{os.getpid()}.pid").write_text(str(os.getpid()))
+
+    def build_model(self) -> nn.Module:
+        return nn.Sequential(
+            nn.Linear(self.dim, self.hidden), nn.Tanh(), nn.Dropout(self.dropout),
+            nn.Linear(self.hidden, 4),
+        )
+
+    def train_dataset(self) -> Dataset:
+        return self.train
+
+    def eval_dataset(self) -> Dataset | None:
+        return self.eval
+
+    def loss(self, model, batch):
+        if model.training:
+            self.calls += 1
+            rank = int(os.environ.get("RANK", "0"))
+            if self.fail_at_step is not None and rank == self.fail_rank and self.calls > self.fail_at_step:
+                raise RuntimeError(f"injected failure on rank {rank}")
+        x, y = batch
+        logits = model(x)
+        accuracy = (logits.argmax(-1) == y).float().mean()
+        loss = nn.functional.cross_entropy(logits, y)
+        if self.nan_at_step is not None and self.calls > self.nan_at_step:
+            loss = loss * float("nan")
+        return loss, {"accuracy": accuracy}
+
+
+class NoMethodsTask:
+    """Lacks loss(): build_task must say so."""
+
+    def build_model(self):
+        return nn.Linear(1, 1)
+
+    def train_dataset(self):
+        return TensorDataset(torch.zeros(4, 1))
+
+
+def toy_job(tmp_path, **sections) -> dict:
+    """A job mapping for ToyTask; keyword arguments replace whole sections or keys."""
+    job = {
+        "name": "toy",
+        "task": {"target": "tests.helpers.tasks:ToyTask", "args": {}},
+        "data": {"batch_size": 16},
+        "optim": {"name": "adamw", "lr": 0.01, "schedule": "constant"},
+        "train": {"max_steps": 20, "log_every": 1},
+        "scale": {"workers": 1},
+        "seed": 7,
+        "run_dir": str(tmp_path / "runs"),
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(job.get(key), dict):
+            job[key] = {**job[key], **value}
+        else:
+            job[key] = value
+    return job
