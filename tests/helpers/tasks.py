@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import torch
@@ -26,6 +27,7 @@ class ToyTask(scaletrain.Task):
         fail_at_step: int | None = None,
         pid_dir: str | None = None,
         nan_at_step: int | None = None,
+        fail_kind: str = "raise",
     ):
         generator = torch.Generator().manual_seed(42)
         x = torch.randn(samples + eval_samples, dim, generator=generator)
@@ -37,6 +39,7 @@ class ToyTask(scaletrain.Task):
         self.fail_rank, self.fail_at_step = fail_rank, fail_at_step
         self.calls = 0
         self.nan_at_step = nan_at_step
+        self.fail_kind = fail_kind
         if pid_dir:
             Path(pid_dir, f"{os.getpid()}.pid").write_text(str(os.getpid()))
 
@@ -57,6 +60,8 @@ class ToyTask(scaletrain.Task):
             self.calls += 1
             rank = int(os.environ.get("RANK", "0"))
             if self.fail_at_step is not None and rank == self.fail_rank and self.calls > self.fail_at_step:
+                if self.fail_kind == "sigkill":
+                    os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError(f"injected failure on rank {rank}")
         x, y = batch
         logits = model(x)

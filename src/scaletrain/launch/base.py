@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import Any
 
 from scaletrain.errors import WorkerFailedError
@@ -20,14 +21,45 @@ class Launcher(ABC):
         """Run ``workers`` copies of the worker entry point; raise WorkerFailedError on failure."""
 
 
-def worker_error(spec: RunSpec, rank: int, fallback: str) -> WorkerFailedError:
-    """The user-facing error for a failed rank, from the error file the worker wrote."""
-    log_path = str(spec.worker_log(rank))
+# When one rank dies the others fail inside a collective; those errors are echoes, not causes.
+_ECHO_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError"}
+_ECHO_TEXT = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "NCCL")
+
+
+def _read_error(spec: RunSpec, rank: int) -> dict[str, Any] | None:
     try:
         data = json.loads(spec.worker_error(rank).read_text(encoding="utf-8"))
-        what = f"{data['type']}: {data['message']}" if data.get("message") else data["type"]
-    except (OSError, ValueError, KeyError):
-        what = fallback
+        return data if isinstance(data, dict) and "type" in data else None
+    except (OSError, ValueError):
+        return None
+
+
+def _is_echo(error: dict[str, Any]) -> bool:
+    message = str(error.get("message", ""))
+    return error["type"] in _ECHO_TYPES or any(text in message for text in _ECHO_TEXT)
+
+
+def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str]) -> WorkerFailedError:
+    """The user-facing error for a failed attempt: the root cause among the failed ranks.
+
+    Each worker writes its own error file; the earliest error that is not a peer's
+    connection dropping wins. A rank that died without writing one (SIGKILL, OOM) is
+    described by ``fallback``.
+    """
+    ranks = sorted(set(ranks) | set(fallback))
+    errors = {rank: e for rank in ranks if (e := _read_error(spec, rank)) is not None}
+    if errors:
+        rank = min(errors, key=lambda r: (_is_echo(errors[r]), errors[r].get("timestamp", 0)))
+        error = errors[rank]
+        what = f"{error['type']}: {error['message']}" if error.get("message") else error["type"]
+        # A rank killed outright is the cause when all the others merely lost their peer.
+        silent = [r for r in fallback if r not in errors]
+        if _is_echo(error) and silent:
+            rank, what = silent[0], fallback[silent[0]]
+    else:
+        rank = ranks[0] if ranks else 0
+        what = fallback.get(rank, "unknown failure")
+    log_path = str(spec.worker_log(rank))
     return WorkerFailedError(
         f"worker rank {rank} failed: {what} (details: {log_path})", rank=rank, log_path=log_path
     )

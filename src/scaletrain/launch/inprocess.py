@@ -24,4 +24,4 @@ class InProcessLauncher(Launcher):
         except ScaletrainError:
             raise
         except Exception as exc:
-            raise worker_error(spec, 0, f"{type(exc).__name__}: {exc}") from exc
+            raise worker_error(spec, [0], {0: f"{type(exc).__name__}: {exc}"}) from exc

@@ -51,8 +51,8 @@ class LocalLauncher(Launcher):
         try:
             results = elastic_launch(config, run_worker)(spec)
         except ChildFailedError as exc:
-            rank, failure = exc.get_first_failure()
-            raise worker_error(spec, rank, _describe_exit(failure.exitcode)) from None
+            exits = {rank: _describe_exit(f.exitcode) for rank, f in exc.failures.items()}
+            raise worker_error(spec, range(workers), exits) from None
         finally:
             restore()
         return results[0]

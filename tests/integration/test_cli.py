@@ -1,0 +1,134 @@
+"""The CLI as a user meets it: bad input gets one clear line, exit code 2, no traceback."""
+
+import json
+
+import pytest
+import yaml
+
+from tests.helpers.run import scaletrain_cli
+from tests.helpers.tasks import toy_job
+
+
+def write_job(tmp_path, job, name="job.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def assert_one_error_line(result, expected):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines == [expected]
+
+
+def test_missing_file(tmp_path):
+    result = scaletrain_cli("run", str(tmp_path / "nope.yaml"))
+    assert_one_error_line(result, f"error: job file '{tmp_path / 'nope.yaml'}' not found; check the path")
+
+
+def test_bad_yaml(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("task: {target: a:b\ndata: 1\n")
+    result = scaletrain_cli("run", str(path))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: {path}: line 2, column 5: invalid YAML:")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_key(tmp_path):
+    job = toy_job(tmp_path)
+    job["optim"]["learning_rate"] = 0.1
+    path = write_job(tmp_path, job)
+    result = scaletrain_cli("run", str(path))
+    assert_one_error_line(result, f"error: {path}: optim.learning_rate: unknown key; valid keys here: "
+                          "name, lr, weight_decay, betas, momentum, schedule, warmup_steps, min_lr_ratio")
+
+
+def test_unknown_key_with_a_close_match(tmp_path):
+    path = write_job(tmp_path, toy_job(tmp_path))
+    result = scaletrain_cli("run", str(path), "--set", "optim.lrr=0.1")
+    assert_one_error_line(result, f"error: {path}: optim.lrr: unknown key; did you mean 'lr'?")
+
+
+def test_wrong_type(tmp_path):
+    path = write_job(tmp_path, toy_job(tmp_path, optim={"lr": "fast"}))
+    result = scaletrain_cli("run", str(path))
+    assert_one_error_line(result, f'error: {path}: optim.lr: must be a positive number, got "fast"')
+
+
+def test_workers_below_one(tmp_path):
+    path = write_job(tmp_path, toy_job(tmp_path, scale={"workers": 0}))
+    result = scaletrain_cli("run", str(path))
+    assert_one_error_line(result, f"error: {path}: scale.workers: must be a positive integer, got 0")
+
+
+def test_task_that_does_not_resolve(tmp_path):
+    path = write_job(tmp_path, toy_job(tmp_path, task={"target": "tests.helpers.tasks:ToyTsk"}))
+    result = scaletrain_cli("run", str(path))
+    assert_one_error_line(
+        result,
+        "error: task.target 'tests.helpers.tasks:ToyTsk': 'tests.helpers.tasks' has no attribute "
+        "'ToyTsk'; did you mean 'ToyTask'?",
+    )
+    result = scaletrain_cli("validate", str(path), "--set", "task.target=missing_pkg.mod:Task")
+    assert_one_error_line(
+        result,
+        "error: task.target 'missing_pkg.mod:Task': module 'missing_pkg' not found; run from the "
+        "directory that contains it or install its package",
+    )
+
+
+def test_task_args_that_do_not_fit(tmp_path):
+    path = write_job(tmp_path, toy_job(tmp_path, task={"args": {"hiden": 3}}))
+    result = scaletrain_cli("run", str(path))
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: task.args do not fit tests.helpers.tasks:ToyTask(")
+    assert result.stderr.strip().endswith("got an unexpected keyword argument 'hiden'")
+
+
+def test_bad_set_flag(tmp_path):
+    path = write_job(tmp_path, toy_job(tmp_path))
+    result = scaletrain_cli("run", str(path), "--set", "optim.lr")
+    assert_one_error_line(
+        result, "error: --set 'optim.lr': expected KEY=VALUE with a dotted key, e.g. --set optim.lr=3e-4"
+    )
+
+
+def test_nothing_is_created_for_bad_input(tmp_path):
+    path = write_job(tmp_path, toy_job(tmp_path, optim={"lr": -1}))
+    scaletrain_cli("run", str(path))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_validate_prints_the_resolved_job(tmp_path):
+    path = write_job(tmp_path, toy_job(tmp_path))
+    result = scaletrain_cli("validate", str(path), "--set", "optim.lr=3e-4", "--set", "scale.workers=2")
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["optim"]["lr"] == pytest.approx(3e-4)
+    assert resolved["scale"] == {"workers": 2, "engine": "local", "strategy": "auto", "threads_per_worker": None}
+    assert resolved["train"]["precision"] == "fp32"
+
+
+def test_schema_is_json_schema():
+    result = scaletrain_cli("schema")
+    assert result.returncode == 0
+    schema = json.loads(result.stdout)
+    assert schema["title"] == "scaletrain job"
+    assert "optim" in schema["properties"]
+
+
+def test_help_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from scaletrain.cli.main import app\n"
+        "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "assert 'ray' not in sys.modules, 'ray imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "Usage" in result.stdout
