@@ -2,8 +2,8 @@
 
 Data: by default, generated sequences x_t = (a + b*t) mod vocab, with a random start a and
 stride b (1..max_stride) per sequence. After two tokens the rest is predictable, so the loss
-falls from ln(vocab) towards the floor set by the first two tokens. Point ``text_file`` at any UTF-8 file to train a
-character-level model on it instead.
+falls from ln(vocab) towards the floor set by the first two tokens. Point ``text_file`` at
+any UTF-8 file to train a character-level model on it instead.
 """
 
 from __future__ import annotations

@@ -75,6 +75,7 @@ def run(
         "engine": launcher.name,
         "strategy": config.scale.resolved_strategy,
         "world_size": workers,
+        "started_at": started_at,
     }
     try:
         result = launcher.launch(spec, workers)

@@ -130,16 +130,19 @@ class SeededDataset(Dataset):
         seed = getattr(batch, "seed", None)
         if seed is None:
             return [self.dataset[i] for i in batch]
-        torch_state = torch.get_rng_state()
+        # The CPU generator only: torch.manual_seed would also queue a lazy CUDA seeding call
+        # (with a stack capture) on every fetch, in loader processes forked from a busy parent.
+        generator = torch.default_generator
+        torch_state = generator.get_state()
         py_state = random.getstate()
         np_state = np.random.get_state()
         try:
-            torch.manual_seed(seed)
+            generator.manual_seed(seed)
             random.seed(seed)
             np.random.seed(seed % (1 << 32))
             return [self.dataset[i] for i in batch]
         finally:
-            torch.set_rng_state(torch_state)
+            generator.set_state(torch_state)
             random.setstate(py_state)
             np.random.set_state(np_state)
 

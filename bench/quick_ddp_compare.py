@@ -1,0 +1,84 @@
+"""Quick side-by-side: scaletrain (local engine, 2 workers) vs a hand-written DDP loop under
+torchrun, on the digits MLP with the same batch, optimizer, schedule and clipping.
+
+Runs A B A B ... so machine noise hits both alike, and prints medians:
+time from command start to the first finished step, and steady-state steps/s (from step
+`log_every` to the end, eval off). The full benchmark suite will live beside this file.
+
+    .venv/bin/python bench/quick_ddp_compare.py --repeats 3 --steps 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run_scaletrain(steps: int, workers: int, run_dir: str) -> dict:
+    started = time.time()
+    out = subprocess.run(
+        [str(BIN / "scaletrain"), "run", "examples/digits.yaml", "--json",
+         "--set", f"train.max_steps={steps}", "--set", "train.epochs=null",
+         "--set", "train.eval_every=null", "--set", f"scale.workers={workers}",
+         "--set", f"run_dir={run_dir}"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )
+    summary = json.loads(out.stdout)
+    rows = [json.loads(l) for l in Path(summary["run_dir"], "metrics.jsonl").read_text().splitlines()]
+    windows = [r for r in rows if r["split"] == "train" and r["step"] > 20]
+    # Each report covers the steps since the previous one; weight by steps.
+    previous = [20] + [r["step"] for r in windows[:-1]]
+    step_time = sum(r["step_time_s"] * (r["step"] - p) for r, p in zip(windows, previous))
+    steps_timed = windows[-1]["step"] - 20
+    first_step_at = summary["started_at"] + summary["time_to_first_step_s"]
+    return {"first_step_s": first_step_at - started, "steps_per_s": steps_timed / step_time}
+
+
+def run_torchrun(steps: int, workers: int) -> dict:
+    started = time.time()
+    out = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={workers}",
+         "bench/baselines/ddp_digits.py", f"--steps={steps}"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"first_step_s": result["first_step_at"] - started, "steps_per_s": result["steps_per_s"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    results: dict[str, list[dict]] = {"scaletrain": [], "torchrun": []}
+    with tempfile.TemporaryDirectory() as run_dir:
+        for _ in range(args.repeats):
+            results["torchrun"].append(run_torchrun(args.steps, args.workers))
+            results["scaletrain"].append(run_scaletrain(args.steps, args.workers, run_dir))
+    table = {}
+    for name, rows in results.items():
+        table[name] = {
+            key: {
+                "median": statistics.median(r[key] for r in rows),
+                "min": min(r[key] for r in rows),
+                "max": max(r[key] for r in rows),
+            }
+            for key in ("first_step_s", "steps_per_s")
+        }
+    ratio = table["scaletrain"]["steps_per_s"]["median"] / table["torchrun"]["steps_per_s"]["median"]
+    print(json.dumps({"workers": args.workers, "steps": args.steps, "repeats": args.repeats,
+                      "results": table, "steps_per_s_ratio": ratio}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
