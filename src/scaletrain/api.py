@@ -46,13 +46,12 @@ def run(
     from scaletrain.launch import launcher_for
     from scaletrain.launch.spec import RunSpec
     from scaletrain.launch.worker import WEIGHTS_FILE
-    from scaletrain.task import check_task_args, resolve_task_factory
+    from scaletrain.task import check_task_target
 
     started_at = started_at or time.time()
     config, search_path = resolve_job(job, overrides)
-    # Fail before any worker starts if the task cannot be imported or its args do not fit.
-    factory = resolve_task_factory(config.task.target, search_path)
-    check_task_args(factory, config.task.args, config.task.target)
+    # Fail before any worker starts if the task does not exist or its args do not fit.
+    check_task_target(config.task.target, config.task.args, search_path)
 
     workers = config.scale.workers
     spec = RunSpec.in_dir(

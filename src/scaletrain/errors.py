@@ -44,9 +44,17 @@ class WorkerFailedError(ScaletrainError):
 
     exit_code = 1
 
-    def __init__(self, message: str, rank: int | None = None, log_path: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        rank: int | None = None,
+        log_path: str | None = None,
+        bad_input: bool = False,
+    ):
         self.rank = rank
         self.log_path = log_path
+        if bad_input:  # the worker failed on the user's input (e.g. a task it cannot import)
+            self.exit_code = 2
         super().__init__(message)
 
 

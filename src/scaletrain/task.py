@@ -29,7 +29,14 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.utils.data import Dataset
 
-__all__ = ["Task", "TaskProtocol", "resolve_task_factory", "build_task", "split_loss_output"]
+__all__ = [
+    "Task",
+    "TaskProtocol",
+    "check_task_target",
+    "resolve_task_factory",
+    "build_task",
+    "split_loss_output",
+]
 
 REQUIRED_METHODS = ("build_model", "train_dataset", "loss")
 
@@ -101,6 +108,129 @@ def resolve_task_factory(target: str, search_path: Sequence[str] = ()) -> Callab
     if not callable(obj):
         raise TaskError(f"task.target '{target}' is not a class or function; it cannot be called")
     return obj
+
+
+def check_task_target(target: str, args: Mapping[str, Any], search_path: Sequence[str] = ()) -> None:
+    """Check ``package.module:attr`` and its args without running the module.
+
+    The launcher only needs to know the target exists before it starts workers; importing
+    the user's module there (and everything it imports) would add seconds to every start.
+    So: find the module, parse it, look for the name and the factory's parameters. Anything
+    this cannot tell statically (star imports, module ``__getattr__``, inherited
+    ``__init__``) falls back to a real import or is left to the workers.
+    """
+    import ast
+    import importlib.util
+
+    for entry in reversed(search_path):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    module_name, _, attr_path = target.partition(":")
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as exc:
+        raise TaskError(
+            f"task.target '{target}': module '{getattr(exc, 'name', None) or module_name}' not "
+            "found; run from the directory that contains it or install its package"
+        ) from None
+    if spec is None:
+        raise TaskError(
+            f"task.target '{target}': module '{module_name}' not found; run from the "
+            "directory that contains it or install its package"
+        )
+    origin = spec.origin or ""
+    if not origin.endswith(".py"):
+        check_task_args(resolve_task_factory(target, search_path), args, target)
+        return
+    try:
+        with open(origin, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read(), filename=origin)
+    except SyntaxError as exc:
+        raise TaskError(
+            f"task.target '{target}': {origin} line {exc.lineno}: SyntaxError: {exc.msg}"
+        ) from None
+    except OSError:
+        check_task_args(resolve_task_factory(target, search_path), args, target)
+        return
+    names = _top_level_names(tree)
+    first = attr_path.split(".")[0]
+    if names is None:  # star import or module __getattr__: only an import can tell
+        check_task_args(resolve_task_factory(target, search_path), args, target)
+        return
+    if first not in names:
+        import difflib
+
+        close = difflib.get_close_matches(first, [n for n in names if not n.startswith("_")], n=1)
+        raise TaskError(
+            f"task.target '{target}': '{module_name}' has no attribute '{attr_path}'"
+            + (f"; did you mean '{close[0]}'?" if close else "")
+        )
+    node = names[first]
+    if "." not in attr_path and node is not None:
+        params = _static_parameters(node)
+        if params is not None:
+            _check_static_args(params, args, target)
+
+
+def _top_level_names(tree: Any) -> dict[str, Any] | None:
+    """Module-level names -> their class/function node (None for other bindings)."""
+    import ast
+
+    names: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.name == "__getattr__":
+                return None
+            names[node.name] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names[(alias.asname or alias.name).split(".")[0]] = None
+        else:
+            for child in ast.walk(node):
+                if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+                    names.setdefault(child.id, None)
+    return names
+
+
+def _static_parameters(node: Any) -> tuple[list[str], list[str], bool] | None:
+    """(all keyword-usable names, required names, accepts **kwargs) or None if unknown."""
+    import ast
+
+    if isinstance(node, ast.ClassDef):
+        init = next(
+            (n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None
+        )
+        if init is None:
+            return None  # inherited: leave it to the workers
+        function, skip_self = init, 1
+    else:
+        function, skip_self = node, 0
+    a = function.args
+    positional = [p.arg for p in a.posonlyargs + a.args]
+    first_default = len(positional) - len(a.defaults)
+    required = [n for i, n in enumerate(positional) if i < first_default][skip_self:]
+    required += [p.arg for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
+    by_keyword = {p.arg for p in a.args} | {p.arg for p in a.kwonlyargs}
+    keyword = [n for n in positional[skip_self:] + [p.arg for p in a.kwonlyargs] if n in by_keyword]
+    return keyword, required, a.kwarg is not None
+
+
+def _check_static_args(params: tuple[list[str], list[str], bool], args: Mapping[str, Any], target: str) -> None:
+    keyword, required, has_kwargs = params
+    unknown = [name for name in args if name not in keyword]
+    if unknown and not has_kwargs:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], keyword, n=1)
+        raise TaskError(
+            f"task.args: {target} takes no argument '{unknown[0]}'"
+            + (f"; did you mean '{close[0]}'?" if close else f"; it takes: {', '.join(keyword)}")
+        )
+    missing = [name for name in required if name not in args]
+    if missing:
+        raise TaskError(f"task.args: {target} needs '{missing[0]}'; add it under task.args")
 
 
 def check_task_args(factory: Callable[..., Any], args: Mapping[str, Any], target: str) -> None:

@@ -1,6 +1,7 @@
 """The CLI as a user meets it: bad input gets one clear line, exit code 2, no traceback."""
 
 import json
+import re
 
 import pytest
 import yaml
@@ -82,9 +83,30 @@ def test_task_that_does_not_resolve(tmp_path):
 def test_task_args_that_do_not_fit(tmp_path):
     path = write_job(tmp_path, toy_job(tmp_path, task={"args": {"hiden": 3}}))
     result = scaletrain_cli("run", str(path))
+    assert_one_error_line(
+        result,
+        "error: task.args: tests.helpers.tasks:ToyTask takes no argument 'hiden'; "
+        "did you mean 'hidden'?",
+    )
+
+
+def test_task_that_is_not_callable_is_bad_input_in_process_and_in_workers(tmp_path):
+    # Only an import can tell that REPO is a path, not a factory: the worker finds out.
+    path = write_job(tmp_path, toy_job(tmp_path, task={"target": "tests.helpers.run:REPO"}))
+    result = scaletrain_cli("run", str(path))
     assert result.returncode == 2
-    assert result.stderr.startswith("error: task.args do not fit tests.helpers.tasks:ToyTask(")
-    assert result.stderr.strip().endswith("got an unexpected keyword argument 'hiden'")
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: task.target 'tests.helpers.run:REPO' is not a class or function; it cannot be called"
+    )
+    result = scaletrain_cli("run", str(path), "--set", "scale.workers=2")
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 2
+    assert re.match(
+        r"error: worker rank [01] failed: TaskError: task.target 'tests.helpers.run:REPO' is not "
+        r"a class or function",
+        result.stderr.strip().splitlines()[-1],
+    )
 
 
 def test_bad_set_flag(tmp_path):

@@ -2,7 +2,15 @@ import pytest
 import torch
 
 from scaletrain.errors import TaskError
-from scaletrain.task import build_task, check_task_args, resolve_task_factory, split_loss_output
+import sys
+
+from scaletrain.task import (
+    build_task,
+    check_task_args,
+    check_task_target,
+    resolve_task_factory,
+    split_loss_output,
+)
 
 
 def test_resolves_a_class():
@@ -43,3 +51,31 @@ def test_loss_output_forms():
     assert split_loss_output(loss) == (loss, {})
     assert split_loss_output((loss, {"acc": 1})) == (loss, {"acc": 1})
     assert split_loss_output({"loss": loss, "acc": 2}) == (loss, {"acc": 2})
+
+
+@pytest.mark.parametrize(
+    "target, args, message",
+    [
+        ("tests.helpers.tasks:ToyTask", {"sample": 1}, "takes no argument 'sample'; did you mean 'samples'?"),
+        ("tests.helpers.tasks:ToyTsk", {}, "has no attribute 'ToyTsk'; did you mean 'ToyTask'?"),
+        ("nosuch.mod:X", {}, "module 'nosuch' not found"),
+        ("tests.helpers.tasks:toy_job", {}, "needs 'tmp_path'; add it under task.args"),
+    ],
+)
+def test_static_check_catches_what_the_import_would(target, args, message):
+    with pytest.raises(TaskError) as info:
+        check_task_target(target, args)
+    assert message in str(info.value)
+
+
+def test_static_check_does_not_run_the_module(tmp_path):
+    module = tmp_path / "sideeffect_task.py"
+    module.write_text("raise SystemExit('imported!')\nclass T:\n    def __init__(self, a, b=1): ...\n")
+    check_task_target("sideeffect_task:T", {"a": 1}, [str(tmp_path)])
+    assert "sideeffect_task" not in sys.modules
+    with pytest.raises(TaskError, match="needs 'a'"):
+        check_task_target("sideeffect_task:T", {"b": 2}, [str(tmp_path)])
+    broken = tmp_path / "broken_task.py"
+    broken.write_text("def f(:\n")
+    with pytest.raises(TaskError, match="line 1: SyntaxError"):
+        check_task_target("broken_task:f", {}, [str(tmp_path)])

@@ -88,10 +88,11 @@ def validate(job: JobArg, set_: SetOpt = None) -> None:
     """Check a job file (and that its task imports); print the resolved job."""
     from scaletrain.api import resolve_job
     from scaletrain.config import job_to_yaml
-    from scaletrain.task import check_task_args, resolve_task_factory
+    from scaletrain.task import check_task_args, check_task_target, resolve_task_factory
 
     try:
         config, search_path = resolve_job(job, set_ or [])
+        check_task_target(config.task.target, config.task.args, search_path)
         factory = resolve_task_factory(config.task.target, search_path)
         check_task_args(factory, config.task.args, config.task.target)
     except ScaletrainError as exc:

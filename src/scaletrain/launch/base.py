@@ -23,6 +23,7 @@ class Launcher(ABC):
 
 # When one rank dies the others fail inside a collective; those errors are echoes, not causes.
 _ECHO_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError"}
+_BAD_INPUT_TYPES = {"TaskError", "ConfigError"}
 _ECHO_TEXT = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "NCCL")
 
 
@@ -48,9 +49,11 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str]) 
     """
     ranks = sorted(set(ranks) | set(fallback))
     errors = {rank: e for rank in ranks if (e := _read_error(spec, rank)) is not None}
+    bad_input = False
     if errors:
         rank = min(errors, key=lambda r: (_is_echo(errors[r]), errors[r].get("timestamp", 0)))
         error = errors[rank]
+        bad_input = error["type"] in _BAD_INPUT_TYPES
         what = f"{error['type']}: {error['message']}" if error.get("message") else error["type"]
         # A rank killed outright is the cause when all the others merely lost their peer.
         silent = [r for r in fallback if r not in errors]
@@ -61,5 +64,8 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str]) 
         what = fallback.get(rank, "unknown failure")
     log_path = str(spec.worker_log(rank))
     return WorkerFailedError(
-        f"worker rank {rank} failed: {what} (details: {log_path})", rank=rank, log_path=log_path
+        f"worker rank {rank} failed: {what} (details: {log_path})",
+        rank=rank,
+        log_path=log_path,
+        bad_input=bad_input,
     )

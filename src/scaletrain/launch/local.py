@@ -1,19 +1,22 @@
 """N workers on this machine, started by torch.distributed elastic (what torchrun uses).
 
 Rendezvous is c10d on a free loopback port chosen by the agent, so nothing listens beyond
-127.0.0.1. When a worker fails the agent stops the others; we surface the first failure.
+127.0.0.1. Workers are fresh interpreters running ``python -m scaletrain.launch.worker``, as
+torchrun starts a script. When a worker fails the agent stops the others; we surface the
+root cause.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 from scaletrain.launch.base import Launcher, worker_error
 from scaletrain.launch.spec import RunSpec
-from scaletrain.launch.worker import run_worker
 from scaletrain.tracking.logs import JsonFormatter
 
 __all__ = ["LocalLauncher"]
@@ -47,15 +50,16 @@ class LocalLauncher(Launcher):
             local_addr="127.0.0.1",
             logs_specs=DefaultLogsSpecs(log_dir=str(spec.logs_dir / "elastic")),
         )
+        spec_file = spec.write()
         restore = _route_torch_logs(spec.logs_dir / "launcher.jsonl")
         try:
-            results = elastic_launch(config, run_worker)(spec)
+            elastic_launch(config, sys.executable)("-m", "scaletrain.launch.worker", str(spec_file))
         except ChildFailedError as exc:
             exits = {rank: _describe_exit(f.exitcode) for rank, f in exc.failures.items()}
             raise worker_error(spec, range(workers), exits) from None
         finally:
             restore()
-        return results[0]
+        return json.loads(spec.worker_result().read_text(encoding="utf-8"))
 
 
 def _describe_exit(exitcode: int) -> str:

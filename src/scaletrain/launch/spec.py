@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,20 @@ class RunSpec:
 
     def worker_error(self, rank: int) -> Path:
         return self.logs_dir / f"worker-{rank}.error.json"
+
+    def worker_result(self) -> Path:
+        return self.logs_dir / "worker-0.result.json"
+
+    def write(self) -> Path:
+        """Save the spec in the run directory, for engines that start workers as commands."""
+        path = Path(self.run_dir) / "spec.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
+        return path
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> RunSpec:
+        return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
 
     @classmethod
     def in_dir(cls, job: dict[str, Any], run_root: str | os.PathLike, **kwargs: Any) -> RunSpec:

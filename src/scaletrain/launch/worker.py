@@ -2,7 +2,9 @@
 
 It reads only the RunSpec and the standard env contract (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT), so it does not care whether torch elastic, Ray or the current
-process launched it.
+process launched it. As a command (``python -m scaletrain.launch.worker SPEC.json``) it is what
+the local engine starts: a fresh interpreter, like torchrun's, so the caller's ``__main__`` is
+never re-imported in a worker.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from scaletrain.tracking.logs import LOGGER_NAME, LogContext, setup_logging
 from scaletrain.tracking.progress import ProgressBar, progress_wanted
 from scaletrain.tracking.reporter import LogReporter, MetricsFile, NullReporter, Reporters
 
-__all__ = ["run_worker", "WEIGHTS_FILE"]
+__all__ = ["run_worker", "main", "WEIGHTS_FILE"]
 
 WEIGHTS_FILE = "model.safetensors"
 log = logging.getLogger(f"{LOGGER_NAME}.worker")
@@ -78,7 +80,11 @@ def run_worker(spec: RunSpec, env: DistEnv | None = None) -> dict[str, Any]:
         log.info("worker finished", extra={"steps": result.steps})
         return asdict(result)
     except BaseException as exc:
-        log.error("worker failed: %s: %s", type(exc).__name__, exc, exc_info=True)
+        # The launcher shows the user one line for the failure; the console needs no copy.
+        log.error(
+            "worker failed: %s: %s", type(exc).__name__, exc, exc_info=True,
+            extra={"console": False},
+        )
         _write_error(spec, env.rank, exc)
         raise
     finally:
@@ -115,3 +121,23 @@ def _write_error(spec: RunSpec, rank: int, exc: BaseException) -> None:
         )
     except OSError:
         log.warning("could not write the error file for rank %s", rank, exc_info=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command entry: run this rank from a spec file; rank 0 writes its result beside it."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    spec = RunSpec.read(args[0])
+    env = DistEnv.from_env()
+    try:
+        result = run_worker(spec, env)
+    except BaseException:  # already logged and written to this rank's error file
+        return 1
+    if env.is_main:
+        write_text_atomic(spec.worker_result(), json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

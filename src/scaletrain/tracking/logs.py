@@ -60,7 +60,7 @@ class JsonFormatter(logging.Formatter):
             "step": getattr(record, "step", None),
         }
         for key, value in vars(record).items():
-            if key not in _STANDARD and key not in entry:
+            if key not in _STANDARD and key not in entry and key != "console":
                 entry[key] = value
         if record.exc_info:
             entry["exception"] = "".join(traceback.format_exception(*record.exc_info))
@@ -96,6 +96,7 @@ def setup_logging(
         file_handler.setLevel(logging.DEBUG)
         handlers.append(file_handler)
     console = logging.StreamHandler(sys.stderr)
+    console.addFilter(lambda record: getattr(record, "console", True))
     if sys.stderr.isatty():
         console.setFormatter(_HumanFormatter())
         console.setLevel(logging.WARNING)
