@@ -10,7 +10,7 @@ from typing import Any
 
 from scaletrain.config import job_to_yaml, load_job, parse_job
 from scaletrain.config.schema import JobConfig
-from scaletrain.errors import ScaletrainError
+from scaletrain.errors import RunInterrupted, ScaletrainError
 
 __all__ = ["run", "resolve_job"]
 
@@ -78,6 +78,10 @@ def run(
     }
     try:
         result = launcher.launch(spec, workers)
+    except RunInterrupted as exc:
+        summary.update(status="interrupted", error=str(exc), wall_time_s=time.time() - started_at)
+        write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+        raise
     except ScaletrainError as exc:
         summary.update(status="failed", error=str(exc), wall_time_s=time.time() - started_at)
         write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))

@@ -11,6 +11,7 @@ __all__ = [
     "ConfigError",
     "TaskError",
     "WorkerFailedError",
+    "RunInterrupted",
     "MissingExtraError",
 ]
 
@@ -56,6 +57,14 @@ class WorkerFailedError(ScaletrainError):
         if bad_input:  # the worker failed on the user's input (e.g. a task it cannot import)
             self.exit_code = 2
         super().__init__(message)
+
+
+class RunInterrupted(ScaletrainError):
+    """The launcher was stopped by a signal (Ctrl-C, SIGTERM); the workers were stopped too."""
+
+    def __init__(self, signal_name: str, signal_number: int):
+        self.exit_code = 128 + signal_number
+        super().__init__(f"interrupted by {signal_name}; the workers were stopped")
 
 
 class MissingExtraError(ScaletrainError):

@@ -114,3 +114,40 @@ def test_a_killed_worker_is_named_with_its_signal(tmp_path):
     assert str(info.value).startswith(
         "worker rank 1 failed: the process was killed by SIGKILL (out of memory?)"
     )
+
+
+def test_ctrl_c_stops_the_workers_and_exits_cleanly(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    job = toy_job(
+        tmp_path,
+        task={"args": {"pid_dir": str(pid_dir), "samples": 4096}},
+        train={"max_steps": 100000, "log_every": 50},
+        scale={"workers": 2},
+    )
+    job_file = tmp_path / "long.yaml"
+    job_file.write_text(json.dumps(job))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scaletrain", "run", str(job_file)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 60
+    while len(list(pid_dir.iterdir())) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert stderr.strip().splitlines()[-1] == "error: interrupted by SIGINT; the workers were stopped"
+    assert "Traceback" not in stderr
+    pids = [int(p.read_text()) for p in pid_dir.iterdir()]
+    deadline = time.time() + 10
+    while any(pid_alive(pid) for pid in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(pid_alive(pid) for pid in pids)
+    summaries = list((tmp_path / "runs").rglob("summary.json"))
+    assert [json.loads(s.read_text())["status"] for s in summaries] == ["interrupted"]

@@ -119,12 +119,19 @@ def _print_summary(summary: dict[str, Any]) -> None:
     table.add_row("run", summary["run_id"])
     table.add_row("workers", f"{summary['world_size']} ({summary['engine']}, {summary['strategy']})")
     table.add_row("steps", str(summary["steps"]))
+    loop_metrics = {"lr", "grad_norm", "step_time_s", "data_wait_s", "samples_per_s"}
     for split in ("train", "eval"):
         metrics = summary.get(split) or {}
-        shown = {k: v for k, v in metrics.items() if k not in ("lr", "step_time_s", "data_wait_s")}
+        shown = {k: v for k, v in metrics.items() if k not in loop_metrics}
         if shown:
             table.add_row(split, "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items()))
-    table.add_row("wall time", f"{summary['wall_time_s']:.1f} s")
+    train = summary.get("train") or {}
+    if "samples_per_s" in train:
+        table.add_row("speed", f"{train['samples_per_s']:,.0f} samples/s, {train['step_time_s'] * 1e3:.1f} ms/step")
+    table.add_row(
+        "wall time",
+        f"{summary['wall_time_s']:.1f} s (first step after {summary['time_to_first_step_s']:.1f} s)",
+    )
     table.add_row("weights", summary["weights"])
     table.add_row("logs", summary["logs"])
     console.print(table)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scaletrain.errors import RunInterrupted
 from scaletrain.launch.base import Launcher, worker_error
 from scaletrain.launch.spec import RunSpec
 from scaletrain.tracking.logs import JsonFormatter
@@ -33,6 +34,7 @@ class LocalLauncher(Launcher):
 
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+        from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -57,6 +59,8 @@ class LocalLauncher(Launcher):
         except ChildFailedError as exc:
             exits = {rank: _describe_exit(f.exitcode) for rank, f in exc.failures.items()}
             raise worker_error(spec, range(workers), exits) from None
+        except SignalException as exc:  # the agent has already stopped the workers
+            raise RunInterrupted(exc.sigval.name, int(exc.sigval)) from None
         finally:
             restore()
         return json.loads(spec.worker_result().read_text(encoding="utf-8"))

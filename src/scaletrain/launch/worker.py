@@ -9,6 +9,7 @@ never re-imported in a worker.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -19,10 +20,15 @@ from typing import Any
 
 from scaletrain.checkpoint.atomic import write_text_atomic
 from scaletrain.config.schema import JobConfig
-from scaletrain.distributed.device import apply_threads, choose_placement, set_determinism
+from scaletrain.distributed.device import (
+    Placement,
+    apply_threads,
+    choose_placement,
+    set_determinism,
+)
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.process_group import process_group
-from scaletrain.engine.trainer import Trainer
+from scaletrain.engine.trainer import Trainer, TrainResult
 from scaletrain.engine.weights import save_weights
 from scaletrain.launch.spec import RunSpec
 from scaletrain.task import build_task
@@ -68,15 +74,10 @@ def run_worker(spec: RunSpec, env: DistEnv | None = None) -> dict[str, Any]:
             },
         )
         with process_group(env, placement):
-            task = build_task(job.task.target, job.task.args, spec.python_path)
-            trainer = Trainer(job, task, env, placement, reporter)
-            result = trainer.fit()
-            if env.is_main:
-                save_weights(
-                    trainer.strategy.unwrap(trainer.model),
-                    os.path.join(spec.run_dir, WEIGHTS_FILE),
-                    metadata={"run_id": spec.run_id, "step": str(result.steps)},
-                )
+            result = _train(spec, job, env, placement, reporter)
+            # Free DDP and its communication state while every peer is still connected:
+            # a reducer torn down after the group is gone can block on a departed rank.
+            gc.collect()
         log.info("worker finished", extra={"steps": result.steps})
         return asdict(result)
     except BaseException as exc:
@@ -90,6 +91,22 @@ def run_worker(spec: RunSpec, env: DistEnv | None = None) -> dict[str, Any]:
     finally:
         reporter.on_end()
         undo_logging()
+
+
+def _train(
+    spec: RunSpec, job: JobConfig, env: DistEnv, placement: Placement, reporter: Reporters
+) -> TrainResult:
+    """Build and fit; the trainer (model, DDP, optimizer) dies with this frame."""
+    task = build_task(job.task.target, job.task.args, spec.python_path)
+    trainer = Trainer(job, task, env, placement, reporter)
+    result = trainer.fit()
+    if env.is_main:
+        save_weights(
+            trainer.strategy.unwrap(trainer.model),
+            os.path.join(spec.run_dir, WEIGHTS_FILE),
+            metadata={"run_id": spec.run_id, "step": str(result.steps)},
+        )
+    return result
 
 
 def _reporter_for(env: DistEnv, spec: RunSpec, job: JobConfig, context: LogContext) -> Reporters:
