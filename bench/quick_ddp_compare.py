@@ -48,10 +48,15 @@ def run_torchrun(steps: int, workers: int) -> dict:
     out = subprocess.run(
         [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={workers}",
          "bench/baselines/ddp_digits.py", f"--steps={steps}"],
-        cwd=REPO, capture_output=True, text=True, check=True,
+        cwd=REPO, capture_output=True, text=True,
     )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    return {"first_step_s": result["first_step_at"] - started, "steps_per_s": result["steps_per_s"]}
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"the baseline failed before reporting:\n{out.stderr[-3000:]}")
+    result = json.loads(lines[-1])
+    # Raw DDP scripts sometimes die at exit (SIGABRT in destroy_process_group); count it.
+    return {"first_step_s": result["first_step_at"] - started, "steps_per_s": result["steps_per_s"],
+            "unclean_exit": out.returncode != 0}
 
 
 def main() -> None:
@@ -76,8 +81,10 @@ def main() -> None:
             for key in ("first_step_s", "steps_per_s")
         }
     ratio = table["scaletrain"]["steps_per_s"]["median"] / table["torchrun"]["steps_per_s"]["median"]
+    unclean = sum(r.get("unclean_exit", False) for r in results["torchrun"])
     print(json.dumps({"workers": args.workers, "steps": args.steps, "repeats": args.repeats,
-                      "results": table, "steps_per_s_ratio": ratio}, indent=2))
+                      "results": table, "steps_per_s_ratio": ratio,
+                      "torchrun_unclean_exits": unclean}, indent=2))
 
 
 if __name__ == "__main__":

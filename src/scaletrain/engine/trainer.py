@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_map
 from scaletrain.config.schema import JobConfig
 from scaletrain.data.loader import eval_loader, train_loader
 from scaletrain.data.sampler import DataLayout, derive_seed
-from scaletrain.distributed.device import Placement, autocast
+from scaletrain.distributed.device import Placement, autocast, seed_rng
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.process_group import all_reduce_mean
 from scaletrain.engine.evaluate import evaluate
@@ -61,7 +61,7 @@ class Trainer:
         self.strategy = get_strategy(job.scale.resolved_strategy)
 
         # Same seed on every rank, so every replica is built identically.
-        torch.manual_seed(derive_seed(job.seed, "init"))
+        seed_rng(derive_seed(job.seed, "init"), self.device)
         self.model = self.strategy.wrap(task.build_model(), placement)
         self.optimizer = build_optimizer(self.strategy.unwrap(self.model), job.optim)
 
@@ -139,23 +139,23 @@ class Trainer:
 
     def train_step(self, batches: Any, report: bool) -> _StepOutput:
         accum = self.job.train.grad_accum
-        # Randomness inside the step (dropout...) depends only on (seed, step, rank).
-        torch.manual_seed(derive_seed(self.job.seed, "step", self.step, self.env.rank))
-        loss_sum = torch.zeros((), device=self.device)
-        metric_sums: dict[str, torch.Tensor] = {}
+        # Losses and metrics are kept only on reporting steps: no extra tensor ops otherwise.
+        losses: list[torch.Tensor] = []
+        metric_rows: list[dict[str, Any]] = []
         data_wait = 0.0
         for micro in range(accum):
             waited = time.perf_counter()
             batch = self._to_device(next(batches))
             data_wait += time.perf_counter() - waited
+            # Randomness in the forward pass (dropout...) depends only on where we are.
+            seed_rng(derive_seed(self.job.seed, "step", self.step, micro, self.env.rank), self.device)
             with self.strategy.sync_gradients(self.model, sync=micro == accum - 1):
                 with autocast(self.device, self.job.train.precision):
                     loss, metrics = split_loss_output(self.task.loss(self.model, batch))
-                (loss / accum).backward()
-            loss_sum += loss.detach().float()
-            for name, value in metrics.items():
-                value = torch.as_tensor(value, device=self.device).detach().float()
-                metric_sums[name] = metric_sums.get(name, 0) + value
+                (loss / accum if accum > 1 else loss).backward()
+            if report:
+                losses.append(loss.detach())
+                metric_rows.append(metrics)
         grad_norm = None
         if self.job.train.clip_grad_norm:
             grad_norm = self.strategy.clip_grad_norm(self.model, self.job.train.clip_grad_norm)
@@ -166,8 +166,8 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return _StepOutput(
-            loss=loss_sum / accum,
-            metrics={k: v / accum for k, v in metric_sums.items()},
+            loss=torch.stack(losses).float().mean() if report else None,
+            metrics=_mean_metrics(metric_rows, self.device) if report else {},
             grad_norm=grad_norm,
             lr=lr,
             data_wait=data_wait,
@@ -232,9 +232,19 @@ class Trainer:
         )
 
 
+def _mean_metrics(rows: list[dict[str, Any]], device: torch.device) -> dict[str, torch.Tensor]:
+    """Per-metric mean over the micro-steps of one step."""
+    return {
+        name: torch.stack(
+            [torch.as_tensor(row[name], device=device).detach().float() for row in rows]
+        ).mean()
+        for name in rows[0]
+    }
+
+
 @dataclass
 class _StepOutput:
-    loss: torch.Tensor
+    loss: torch.Tensor | None
     metrics: dict[str, torch.Tensor]
     grad_norm: torch.Tensor | None
     lr: float
