@@ -85,6 +85,10 @@ def test_cli_run_json_clean_exit_and_worker_logs(tmp_path):
             assert {"timestamp", "level", "message", "run_id", "trace_id", "rank", "step"} <= set(record)
             assert record["rank"] == rank and record["run_id"] == summary["run_id"]
         assert len({r["trace_id"] for r in records}) == 1
+        started = next(r for r in records if r["message"] == "worker started")
+        # Cores are split between the workers, as torchrun would, not oversubscribed.
+        assert started["threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
+        assert started["backend"] == "gloo" and started["world_size"] == 2
     # stderr is not a terminal here, so the workers' JSON lines reach it too.
     stderr_records = [json.loads(l) for l in result.stderr.splitlines() if l.startswith("{")]
     assert {r["rank"] for r in stderr_records} == {0, 1}

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -24,7 +23,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-JobArg = Annotated[Path, typer.Argument(help="the YAML job file", show_default=False)]
+JobArg = Annotated[str, typer.Argument(help="the YAML job file", show_default=False, metavar="JOB")]
 SetOpt = Annotated[
     Optional[list[str]],
     typer.Option("--set", "-s", help="override a job key: --set optim.lr=3e-4 (repeatable)"),
@@ -115,7 +114,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     console = Console()
     table = Table(title=f"{summary['job']} finished", show_header=False, title_justify="left")
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")
     table.add_row("run", summary["run_id"])
     table.add_row("workers", f"{summary['world_size']} ({summary['engine']}, {summary['strategy']})")
     table.add_row("steps", str(summary["steps"]))
