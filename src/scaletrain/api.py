@@ -59,7 +59,6 @@ def run(
         config.run_dir,
         python_path=search_path,
         threads=threads_per_worker(workers, config.scale.threads_per_worker),
-        started_at=started_at,
     )
     run_dir = Path(spec.run_dir)
     spec.logs_dir.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,6 @@ __all__ = [
     "TaskError",
     "WorkerFailedError",
     "RunInterrupted",
-    "MissingExtraError",
 ]
 
 
@@ -65,14 +64,3 @@ class RunInterrupted(ScaletrainError):
     def __init__(self, signal_name: str, signal_number: int):
         self.exit_code = 128 + signal_number
         super().__init__(f"interrupted by {signal_name}; the workers were stopped")
-
-
-class MissingExtraError(ScaletrainError):
-    """An optional dependency is not installed; the message names the extra to install."""
-
-    exit_code = 2
-
-    def __init__(self, package: str, extra: str):
-        super().__init__(
-            f"{package} is not installed; install it with: pip install 'scaletrain[{extra}]'"
-        )

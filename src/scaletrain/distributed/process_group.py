@@ -12,7 +12,7 @@ import torch.distributed as dist
 from scaletrain.distributed.device import Placement
 from scaletrain.distributed.env import DistEnv
 
-__all__ = ["process_group", "all_reduce_sum", "all_reduce_mean", "barrier"]
+__all__ = ["process_group", "all_reduce_sum", "all_reduce_mean"]
 
 
 @contextlib.contextmanager
@@ -62,8 +62,3 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         tensor /= dist.get_world_size()
     return tensor
-
-
-def barrier() -> None:
-    if _is_distributed():
-        dist.barrier()

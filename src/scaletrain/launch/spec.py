@@ -27,7 +27,6 @@ class RunSpec:
     trace_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     python_path: list[str] = field(default_factory=list)  # where task.target is imported from
     threads: int = 1  # intra-op threads per worker
-    started_at: float = field(default_factory=time.time)
 
     @property
     def logs_dir(self) -> Path:
