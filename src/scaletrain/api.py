@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -41,7 +42,6 @@ def run(
     The summary is also written to ``summary.json`` in the run directory. Raises a
     ScaletrainError (ConfigError, TaskError, WorkerFailedError...) with a user-facing message.
     """
-    from scaletrain.checkpoint.atomic import write_text_atomic
     from scaletrain.distributed.device import threads_per_worker
     from scaletrain.launch import launcher_for
     from scaletrain.launch.spec import RunSpec
@@ -54,6 +54,7 @@ def run(
     check_task_target(config.task.target, config.task.args, search_path)
 
     workers = config.scale.workers
+    launcher = launcher_for(config)
     spec = RunSpec.in_dir(
         config.model_dump(mode="json"),
         config.run_dir,
@@ -62,9 +63,9 @@ def run(
     )
     run_dir = Path(spec.run_dir)
     spec.logs_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(run_dir / "job.yaml", job_to_yaml(config))
+    _write_redacted_job(config, run_dir / "job.yaml")
+    tracking = _start_tracking(config, spec, launcher.name)
 
-    launcher = launcher_for(config)
     summary: dict[str, Any] = {
         "status": "running",
         "run_id": spec.run_id,
@@ -74,20 +75,18 @@ def run(
         "strategy": config.scale.resolved_strategy,
         "world_size": workers,
         "started_at": started_at,
+        "mlflow_run_id": tracking.run_id if tracking else None,
     }
     try:
         result = launcher.launch(spec, workers)
-    except RunInterrupted as exc:
-        summary.update(status="interrupted", error=str(exc), wall_time_s=time.time() - started_at)
-        write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
-        raise
-    except ScaletrainError as exc:
-        summary.update(status="failed", error=str(exc), wall_time_s=time.time() - started_at)
-        write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
-        raise
-    except KeyboardInterrupt:
-        summary.update(status="interrupted", wall_time_s=time.time() - started_at)
-        write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+    except (ScaletrainError, KeyboardInterrupt) as exc:
+        interrupted = isinstance(exc, (RunInterrupted, KeyboardInterrupt))
+        summary.update(
+            status="interrupted" if interrupted else "failed",
+            error=str(exc) or type(exc).__name__,
+            wall_time_s=round(time.time() - started_at, 3),
+        )
+        _close(summary, run_dir, tracking, "KILLED" if interrupted else "FAILED")
         raise
     first_step_at = result.get("first_step_at")
     summary.update(
@@ -101,5 +100,59 @@ def run(
         weights=str(run_dir / WEIGHTS_FILE),
         logs=str(spec.logs_dir),
     )
-    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+    _close(summary, run_dir, tracking, "FINISHED")
     return summary
+
+
+def _write_redacted_job(config: JobConfig, path: Path) -> None:
+    from scaletrain.checkpoint.atomic import write_text_atomic
+    from scaletrain.tracking.redact import Redactor
+
+    raw = config.model_dump(mode="json")
+    redacted = Redactor.for_config(raw).value("", raw)
+    write_text_atomic(path, job_to_yaml(JobConfig.model_validate(redacted)))
+
+
+def _start_tracking(config: JobConfig, spec: Any, engine: str) -> Any:
+    """Create the job's MLflow run; a tracker that cannot be reached never stops training."""
+    if not config.tracking.enabled:
+        return None
+    from scaletrain.tracking.mlflow_run import TrackingRun
+    from scaletrain.tracking.sender import quiet_mlflow_client_retries
+
+    quiet_mlflow_client_retries()
+    try:
+        tracking = TrackingRun.start(config, spec.run_id, spec.trace_id, engine)
+    except Exception as exc:
+        logging.getLogger("scaletrain.tracking").warning(
+            "tracking is off for this run: cannot create the MLflow run (%s: %s); metrics are "
+            "still written to %s",
+            type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "",
+            Path(spec.run_dir) / "metrics.jsonl",
+        )
+        return None
+    spec.tracking_uri, spec.tracking_run_id = tracking.uri, tracking.run_id
+    tracking.log_artifact(Path(spec.run_dir) / "job.yaml")
+    return tracking
+
+
+def _close(summary: dict[str, Any], run_dir: Path, tracking: Any, status: str) -> None:
+    """summary.json, then the run's artifacts and final status in MLflow."""
+    from scaletrain.checkpoint.atomic import write_text_atomic
+    from scaletrain.launch.worker import WEIGHTS_FILE
+    from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR
+
+    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+    if tracking is None:
+        return
+    try:
+        tracking.log_artifact(run_dir / "summary.json")
+        tracking.log_artifact(run_dir / "logs", "logs")
+        tracking.log_artifact(run_dir / WEIGHTS_FILE, "weights")
+        tracking.log_artifact(run_dir / MLFLOW_MODEL_DIR, "model")
+        tracking.finish(status)
+    except Exception as exc:
+        logging.getLogger("scaletrain.tracking").warning(
+            "could not record the end of MLflow run %s (%s: %s); the run directory has it all",
+            tracking.run_id, type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "",
+        )

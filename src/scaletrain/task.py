@@ -10,6 +10,10 @@ the defaults)::
         def eval_dataset(self) -> Dataset | None: ...       # optional
         def loss(self, model, batch) -> Tensor | tuple[Tensor, dict[str, Tensor | float]]: ...
 
+Optional too: ``collate(samples)`` (default: torch's default_collate) and
+``example_input()``, a small input for ``model(...)`` used to export the final model for
+MLflow (default: the first element of a two-sample training batch).
+
 The job file names a factory (a class or a function) as ``package.module:attr``; it is called
 with ``task.args`` as keyword arguments in every worker.
 """

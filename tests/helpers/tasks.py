@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -28,6 +29,9 @@ class ToyTask(scaletrain.Task):
         pid_dir: str | None = None,
         nan_at_step: int | None = None,
         fail_kind: str = "raise",
+        step_sleep: float = 0.0,
+        secret_note: str | None = None,
+        api_token: str | None = None,
     ):
         generator = torch.Generator().manual_seed(42)
         x = torch.randn(samples + eval_samples, dim, generator=generator)
@@ -40,6 +44,7 @@ class ToyTask(scaletrain.Task):
         self.calls = 0
         self.nan_at_step = nan_at_step
         self.fail_kind = fail_kind
+        self.step_sleep = step_sleep
         if pid_dir:
             Path(pid_dir, f"{os.getpid()}.pid").write_text(str(os.getpid()))
 
@@ -58,6 +63,8 @@ class ToyTask(scaletrain.Task):
     def loss(self, model, batch):
         if model.training:
             self.calls += 1
+            if self.step_sleep:
+                time.sleep(self.step_sleep)
             rank = int(os.environ.get("RANK", "0"))
             if self.fail_at_step is not None and rank == self.fail_rank and self.calls > self.fail_at_step:
                 if self.fail_kind == "sigkill":
@@ -93,6 +100,7 @@ def toy_job(tmp_path, **sections) -> dict:
         "scale": {"workers": 1},
         "seed": 7,
         "run_dir": str(tmp_path / "runs"),
+        "tracking": {"enabled": False},
     }
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(job.get(key), dict):

@@ -17,6 +17,7 @@ __all__ = [
     "OptimConfig",
     "TrainConfig",
     "ScaleConfig",
+    "TrackingConfig",
 ]
 
 
@@ -119,6 +120,25 @@ class ScaleConfig(Section):
         return "single" if self.workers == 1 else "ddp"
 
 
+class TrackingConfig(Section):
+    """MLflow tracking. Credentials never go here: MLflow reads them from its own environment
+    variables (MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_USERNAME/PASSWORD)."""
+
+    enabled: bool = True
+    uri: str | None = Field(
+        None,
+        description="tracking server or store; default: MLFLOW_TRACKING_URI, else "
+        "sqlite:///mlflow.db in the working directory",
+    )
+    experiment: str | None = Field(None, description="experiment name; default: the job name")
+    log_every_steps: PositiveInt | None = Field(
+        None, description="send train metrics every N steps; default: train.log_every"
+    )
+    flush_timeout_s: NonNegativeFloat = Field(
+        30.0, description="at the end, how long to wait for an unreachable tracker"
+    )
+
+
 class JobConfig(Section):
     """A whole training job, as written in a YAML job file."""
 
@@ -128,6 +148,7 @@ class JobConfig(Section):
     optim: OptimConfig
     train: TrainConfig
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     seed: NonNegativeInt = 0
     deterministic: bool = Field(False, description="use deterministic kernels (slower)")
     run_dir: str = Field("runs", description="where run directories are created")

@@ -96,6 +96,8 @@ class Trainer:
             ),
         )
         self.step = 0  # optimizer steps completed
+        tracking_every = job.tracking.log_every_steps if job.tracking.enabled else None
+        self.report_every = min(job.train.log_every, tracking_every or job.train.log_every)
 
     # ------------------------------------------------------------------ the loop
 
@@ -119,7 +121,7 @@ class Trainer:
         window = _Window(time.perf_counter(), self.step)
         self.model.train()
         while self.step < self.max_steps:
-            step_out = self.train_step(batches, report=self._due(train.log_every))
+            step_out = self.train_step(batches, report=self._due(self.report_every))
             self.step += 1
             window.add(step_out)
             if result.first_step_at is None:

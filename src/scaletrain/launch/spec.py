@@ -27,6 +27,8 @@ class RunSpec:
     trace_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     python_path: list[str] = field(default_factory=list)  # where task.target is imported from
     threads: int = 1  # intra-op threads per worker
+    tracking_uri: str | None = None  # MLflow: where rank 0 sends metrics
+    tracking_run_id: str | None = None  # the job's one MLflow run, created by the launcher
 
     @property
     def logs_dir(self) -> Path:
@@ -45,7 +47,10 @@ class RunSpec:
         """Save the spec in the run directory, for engines that start workers as commands."""
         path = Path(self.run_dir) / "spec.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
+        # The unredacted job: readable by its owner only, and never logged as an artifact.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(asdict(self), indent=2))
         return path
 
     @classmethod

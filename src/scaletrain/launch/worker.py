@@ -18,6 +18,8 @@ import traceback
 from dataclasses import asdict
 from typing import Any
 
+from torch.utils.data import default_collate
+
 from scaletrain.checkpoint.atomic import write_text_atomic
 from scaletrain.config.schema import JobConfig
 from scaletrain.distributed.device import (
@@ -33,6 +35,9 @@ from scaletrain.engine.weights import save_weights
 from scaletrain.launch.spec import RunSpec
 from scaletrain.task import build_task
 from scaletrain.tracking.logs import LOGGER_NAME, LogContext, setup_logging
+from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR, example_input, save_mlflow_model
+from scaletrain.tracking.mlflow_sink import MlflowReporter
+from scaletrain.tracking.redact import Redactor
 from scaletrain.tracking.progress import ProgressBar, progress_wanted
 from scaletrain.tracking.reporter import LogReporter, MetricsFile, NullReporter, Reporters
 
@@ -57,7 +62,9 @@ def run_worker(spec: RunSpec, env: DistEnv | None = None) -> dict[str, Any]:
     env = env or DistEnv.from_env()
     job = JobConfig.model_validate(spec.job)
     context = LogContext(spec.run_id, spec.trace_id, env.rank)
-    undo_logging = setup_logging(context, spec.worker_log(env.rank))
+    undo_logging = setup_logging(
+        context, spec.worker_log(env.rank), redactor=Redactor.for_config(spec.job)
+    )
     reporter = _reporter_for(env, spec, job, context)
     try:
         apply_threads(spec.threads)
@@ -86,7 +93,7 @@ def run_worker(spec: RunSpec, env: DistEnv | None = None) -> dict[str, Any]:
             "worker failed: %s: %s", type(exc).__name__, exc, exc_info=True,
             extra={"console": False},
         )
-        _write_error(spec, env.rank, exc)
+        _write_error(spec, env.rank, exc, Redactor.for_config(spec.job))
         raise
     finally:
         reporter.on_end()
@@ -101,11 +108,15 @@ def _train(
     trainer = Trainer(job, task, env, placement, reporter)
     result = trainer.fit()
     if env.is_main:
+        model = trainer.strategy.unwrap(trainer.model)
         save_weights(
-            trainer.strategy.unwrap(trainer.model),
+            model,
             os.path.join(spec.run_dir, WEIGHTS_FILE),
             metadata={"run_id": spec.run_id, "step": str(result.steps)},
         )
+        if spec.tracking_run_id:
+            example = example_input(task, trainer.train_set, trainer.collate or default_collate)
+            save_mlflow_model(model, os.path.join(spec.run_dir, MLFLOW_MODEL_DIR), example)
     return result
 
 
@@ -114,14 +125,25 @@ def _reporter_for(env: DistEnv, spec: RunSpec, job: JobConfig, context: LogConte
     if env.is_main:
         sinks += [
             MetricsFile(os.path.join(spec.run_dir, "metrics.jsonl")),
-            LogReporter(logging.getLogger(f"{LOGGER_NAME}.metrics")),
+            LogReporter(logging.getLogger(f"{LOGGER_NAME}.metrics"), every=job.train.log_every),
         ]
         if progress_wanted():
             sinks.append(ProgressBar(job.name))
+        if spec.tracking_run_id and spec.tracking_uri:
+            sinks.append(
+                MlflowReporter(
+                    spec.tracking_uri,
+                    spec.tracking_run_id,
+                    os.path.join(spec.run_dir, "tracking"),
+                    every=job.tracking.log_every_steps or job.train.log_every,
+                    flush_timeout_s=job.tracking.flush_timeout_s,
+                    logger=logging.getLogger(f"{LOGGER_NAME}.tracking"),
+                )
+            )
     return Reporters(*sinks)
 
 
-def _write_error(spec: RunSpec, rank: int, exc: BaseException) -> None:
+def _write_error(spec: RunSpec, rank: int, exc: BaseException, redactor: Redactor) -> None:
     """A small JSON file per failed rank, so any launcher can show the user the real error."""
     try:
         write_text_atomic(
@@ -130,8 +152,8 @@ def _write_error(spec: RunSpec, rank: int, exc: BaseException) -> None:
                 {
                     "rank": rank,
                     "type": type(exc).__name__,
-                    "message": str(exc),
-                    "traceback": traceback.format_exc(),
+                    "message": redactor.text(str(exc)),
+                    "traceback": redactor.text(traceback.format_exc()),
                     "timestamp": time.time(),
                 }
             ),

@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from scaletrain.tracking.redact import Redactor
+
 __all__ = ["JsonFormatter", "LogContext", "setup_logging", "LOGGER_NAME"]
 
 LOGGER_NAME = "scaletrain"
@@ -46,7 +48,15 @@ class _ContextFilter(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, redactor: Redactor | None = None):
+        super().__init__()
+        self.redactor = redactor
+
     def format(self, record: logging.LogRecord) -> str:
+        line = self._format(record)
+        return self.redactor.text(line) if self.redactor else line
+
+    def _format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "timestamp": datetime.fromtimestamp(record.created, timezone.utc).isoformat(
                 timespec="milliseconds"
@@ -68,16 +78,22 @@ class JsonFormatter(logging.Formatter):
 
 
 class _HumanFormatter(logging.Formatter):
+    def __init__(self, redactor: Redactor | None = None):
+        super().__init__()
+        self.redactor = redactor
+
     def format(self, record: logging.LogRecord) -> str:
         rank = getattr(record, "rank", None)
         where = f"[rank {rank}] " if rank is not None else ""
-        return f"{record.levelname.lower()}: {where}{record.getMessage()}"
+        line = f"{record.levelname.lower()}: {where}{record.getMessage()}"
+        return self.redactor.text(line) if self.redactor else line
 
 
 def setup_logging(
     context: LogContext,
     log_file: str | Path | None,
     console_level: int = logging.INFO,
+    redactor: Redactor | None = None,
 ) -> Callable[[], None]:
     """Attach the file and console handlers to the ``scaletrain`` logger; returns the undo.
 
@@ -92,16 +108,16 @@ def setup_logging(
     if log_file is not None:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
         file_handler = logging.FileHandler(log_file, encoding="utf-8")
-        file_handler.setFormatter(JsonFormatter())
+        file_handler.setFormatter(JsonFormatter(redactor))
         file_handler.setLevel(logging.DEBUG)
         handlers.append(file_handler)
     console = logging.StreamHandler(sys.stderr)
     console.addFilter(lambda record: getattr(record, "console", True))
     if sys.stderr.isatty():
-        console.setFormatter(_HumanFormatter())
+        console.setFormatter(_HumanFormatter(redactor))
         console.setLevel(logging.WARNING)
     else:
-        console.setFormatter(JsonFormatter())
+        console.setFormatter(JsonFormatter(redactor))
         console.setLevel(console_level)
     handlers.append(console)
     for handler in handlers:

@@ -96,11 +96,17 @@ class MetricsFile(NullReporter):
 class LogReporter(NullReporter):
     """Metrics as structured log records (they reach the JSON worker log)."""
 
-    def __init__(self, logger: logging.Logger):
+    def __init__(self, logger: logging.Logger, every: int = 1):
         self.logger = logger
+        self.every = every
+        self.total_steps = 0
+
+    def on_start(self, total_steps: int, start_step: int) -> None:
+        self.total_steps = total_steps
 
     def on_train_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self.logger.info("train metrics", extra={"step": step, "metrics": metrics})
+        if step % self.every == 0 or step in (1, self.total_steps):
+            self.logger.info("train metrics", extra={"step": step, "metrics": metrics})
 
     def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
         self.logger.info("eval metrics", extra={"step": step, "metrics": metrics})

@@ -1,0 +1,91 @@
+"""The metric journal: every point is on local disk before anyone tries to send it.
+
+``metrics.journal.jsonl`` holds points in order, each with a sequence number and its own
+timestamp; ``metrics.journal.sent`` holds the highest sequence number delivered together
+with everything before it. A later attempt (or the same one after an outage) sends what lies
+past the cursor again. Points keep their original timestamp, so a point delivered twice is
+the same point, and MLflow's SQL store keeps it once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO
+
+from scaletrain.checkpoint.atomic import write_text_atomic
+
+__all__ = ["MetricPoint", "MetricJournal"]
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    seq: int
+    key: str
+    value: float
+    step: int
+    timestamp_ms: int
+
+
+class MetricJournal:
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / "metrics.journal.jsonl"
+        self.cursor_path = self.directory / "metrics.journal.sent"
+        self._lock = threading.Lock()
+        self._file: IO[str] | None = None
+        self._next_seq = self._last_seq() + 1
+
+    def _last_seq(self) -> int:
+        last = 0
+        for point in self._read():
+            last = max(last, point.seq)
+        return last
+
+    def _read(self) -> list[MetricPoint]:
+        if not self.path.exists():
+            return []
+        points = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                points.append(MetricPoint(**json.loads(line)))
+            except (ValueError, TypeError):
+                continue  # a line torn by a crash mid-write: its point was never acknowledged
+        return points
+
+    def append(self, key_values: dict[str, float], step: int, timestamp_ms: int) -> list[MetricPoint]:
+        """Write points and flush them to the OS (they survive SIGKILL of this process)."""
+        with self._lock:
+            if self._file is None:
+                self._file = open(self.path, "a", encoding="utf-8")
+            points = []
+            for key, value in key_values.items():
+                point = MetricPoint(self._next_seq, key, float(value), step, timestamp_ms)
+                self._next_seq += 1
+                points.append(point)
+                self._file.write(json.dumps(asdict(point)) + "\n")
+            self._file.flush()
+            return points
+
+    def sent_cursor(self) -> int:
+        try:
+            return int(self.cursor_path.read_text(encoding="utf-8").strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def mark_sent(self, seq: int) -> None:
+        write_text_atomic(self.cursor_path, str(seq))
+
+    def pending(self) -> list[MetricPoint]:
+        """Points written but not known to be delivered, oldest first."""
+        cursor = self.sent_cursor()
+        return [p for p in self._read() if p.seq > cursor]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None

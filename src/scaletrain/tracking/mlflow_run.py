@@ -1,0 +1,144 @@
+"""The launcher's side of MLflow: one run per job, created before any worker starts.
+
+The launcher creates the run, records params (the flattened, redacted job), tags and the
+job file, hands the run id to the workers (only rank 0 logs metrics), and at the end logs
+the artifacts and the final status. mlflow is imported here and in the sink only.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import socket
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from scaletrain.config.schema import JobConfig
+from scaletrain.tracking.redact import Redactor, flatten, redact_url
+
+__all__ = ["TrackingRun", "resolve_tracking_uri"]
+
+log = logging.getLogger("scaletrain.tracking")
+_PARAM_VALUE_LIMIT = 6000  # MLflow's limit on one param value
+_PARAMS_PER_BATCH = 100
+
+
+def resolve_tracking_uri(config: JobConfig) -> str:
+    """Job file, else MLFLOW_TRACKING_URI, else an embedded sqlite store in the working dir."""
+    if config.tracking.uri:
+        return config.tracking.uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def _quiet_mlflow_logs() -> None:
+    # MLflow and alembic announce schema migrations at INFO on first use of a store.
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+class TrackingRun:
+    """A handle on the job's MLflow run, held by the launcher."""
+
+    def __init__(self, client: Any, run_id: str, uri: str, redactor: Redactor):
+        self.client = client
+        self.run_id = run_id
+        self.uri = uri
+        self.redactor = redactor
+
+    @classmethod
+    def start(cls, config: JobConfig, local_run_id: str, trace_id: str, engine: str) -> TrackingRun:
+        from mlflow import MlflowClient
+        from mlflow.entities import Param
+
+        _quiet_mlflow_logs()  # after the import: mlflow sets its own level when imported
+
+        uri = resolve_tracking_uri(config)
+        client = MlflowClient(tracking_uri=uri)
+        name = config.tracking.experiment or config.name
+        experiment = client.get_experiment_by_name(name)
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
+        raw = config.model_dump(mode="json")
+        redactor = Redactor.for_config(raw)
+        tags = redactor.mapping(_run_tags(config, local_run_id, trace_id, engine, uri))
+        run = client.create_run(experiment_id, run_name=local_run_id, tags=tags)
+        params = redactor.mapping(flatten(raw))
+        items = [Param(k, _param_text(v)) for k, v in params.items()]
+        for i in range(0, len(items), _PARAMS_PER_BATCH):
+            client.log_batch(run.info.run_id, params=items[i : i + _PARAMS_PER_BATCH])
+        log.info("tracking run %s in experiment '%s' at %s", run.info.run_id, name, redact_url(uri))
+        return cls(client, run.info.run_id, uri, redactor)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        elif path.exists():
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def finish(self, status: str) -> None:
+        """``status``: FINISHED, FAILED or KILLED."""
+        self.client.set_terminated(self.run_id, status)
+
+
+def _param_text(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= _PARAM_VALUE_LIMIT else text[: _PARAM_VALUE_LIMIT - 3] + "..."
+
+
+def _run_tags(config: JobConfig, local_run_id: str, trace_id: str, engine: str, uri: str) -> dict[str, str]:
+    tags = {
+        "scaletrain.run_id": local_run_id,
+        "scaletrain.trace_id": trace_id,
+        "scaletrain.job": config.name,
+        "scaletrain.engine": engine,
+        "scaletrain.strategy": config.scale.resolved_strategy,
+        "scaletrain.world_size": str(config.scale.workers),
+        "scaletrain.host": socket.gethostname(),
+        "scaletrain.version": _version("scaletrain"),
+        "scaletrain.torch_version": _version("torch"),
+        "mlflow.user": _user(),
+    }
+    tags.update(_git_tags())
+    return tags
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def _git_tags() -> dict[str, str]:
+    """Commit, branch and dirty flag of the working directory's repository, when there is one."""
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *args], capture_output=True, text=True, timeout=10, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {}
+    return {
+        "mlflow.source.git.commit": commit,
+        "scaletrain.git.branch": git("rev-parse", "--abbrev-ref", "HEAD") or "",
+        "scaletrain.git.dirty": "true" if git("status", "--porcelain", "--untracked-files=no") else "false",
+    }

@@ -1,0 +1,113 @@
+"""MLflow tracking, read back through MlflowClient: one run per job, what it holds, secrets."""
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import scaletrain
+from scaletrain.errors import WorkerFailedError
+from tests.helpers.run import read_metrics
+from tests.helpers.tasks import toy_job
+
+mlflow = pytest.importorskip("mlflow")
+from mlflow import MlflowClient  # noqa: E402
+
+
+def tracked_job(tmp_path, uri, **sections):
+    job = toy_job(tmp_path, **sections)
+    job["tracking"] = {"enabled": True, "uri": uri, "experiment": "tests", **sections.get("tracking", {})}
+    return job
+
+
+def the_run(uri, summary):
+    client = MlflowClient(uri)
+    return client, client.get_run(summary["mlflow_run_id"])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_one_run_per_job_with_params_metrics_tags_artifacts_and_model(tmp_path, workers, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    summary = scaletrain.run(
+        tracked_job(tmp_path, uri, train={"max_steps": 12, "log_every": 5, "eval_every": 6},
+                    scale={"workers": workers})
+    )
+    client, run = the_run(uri, summary)
+    experiment = client.get_experiment_by_name("tests")
+    assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [run.info.run_id]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["optim.lr"] == "0.01"
+    assert run.data.params["scale.workers"] == str(workers)
+    assert run.data.params["task.target"] == "tests.helpers.tasks:ToyTask"
+    tags = run.data.tags
+    assert tags["scaletrain.run_id"] == summary["run_id"]
+    assert tags["scaletrain.world_size"] == str(workers)
+    assert tags["scaletrain.strategy"] == ("ddp" if workers == 2 else "single")
+    assert tags["mlflow.source.git.commit"] and tags["scaletrain.git.dirty"] in ("true", "false")
+    # Reported at steps 1, 5, 10 and the last (12); eval at 6 and 12: exactly those points.
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [1, 5, 10, 12]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] == [6, 12]
+    local = {row["step"]: row["loss"] for row in read_metrics(summary["run_dir"])}
+    for point in client.get_metric_history(run.info.run_id, "train/loss"):
+        assert point.value == pytest.approx(local[point.step])
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"job.yaml", "summary.json", "logs", "weights", "model"} <= artifacts
+    logs = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "logs")}
+    assert {f"worker-{r}.jsonl" for r in range(workers)} <= logs
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # what runs:/ URIs resolve against
+    model = mlflow.pytorch.load_model(f"runs:/{run.info.run_id}/model")
+    x = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
+    import torch
+
+    assert tuple(model(torch.from_numpy(x)).shape) == (5, 4)
+
+
+def test_tracking_off_creates_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'unused.db'}")
+    summary = scaletrain.run(toy_job(tmp_path, train={"max_steps": 3}))
+    assert summary["mlflow_run_id"] is None
+    assert not (tmp_path / "unused.db").exists()
+
+
+def test_failed_job_marks_the_run_failed(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    job = tracked_job(tmp_path, uri, task={"args": {"fail_rank": 0, "fail_at_step": 2}})
+    with pytest.raises(WorkerFailedError):
+        scaletrain.run(job)
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    assert run.info.status == "FAILED"
+
+
+def test_secrets_never_reach_params_tags_artifacts_or_logs(tmp_path, monkeypatch):
+    env_secret = "envsecret-9f8e7d6c"
+    config_secret = "cfgsecret-1a2b3c4d"
+    url_password = "urlpass-5e6f7a8b"
+    monkeypatch.setenv("MY_SERVICE_TOKEN", env_secret)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    job = tracked_job(
+        tmp_path, uri, scale={"workers": 2},
+        task={"args": {
+            "api_token": config_secret,
+            "secret_note": f"fetch from https://alice:{url_password}@data.example/x using {env_secret}",
+        }},
+    )
+    summary = scaletrain.run(job)
+    client, run = the_run(uri, summary)
+    planted = (env_secret, config_secret, url_password)
+    texts = [json.dumps(run.data.params), json.dumps(run.data.tags)]
+    assert run.data.params["task.args.api_token"] == "***"
+    download = tmp_path / "artifacts"
+    client.download_artifacts(run.info.run_id, "", str(download))
+    files = [p for p in download.rglob("*") if p.is_file()]
+    assert files
+    texts += [p.read_bytes().decode("utf-8", "replace") for p in files]
+    run_dir = Path(summary["run_dir"])
+    texts += [p.read_text() for p in (run_dir / "logs").rglob("*.json*")]
+    texts.append((run_dir / "job.yaml").read_text())
+    for text in texts:
+        for secret in planted:
+            assert secret not in text
