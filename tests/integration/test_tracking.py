@@ -111,3 +111,48 @@ def test_secrets_never_reach_params_tags_artifacts_or_logs(tmp_path, monkeypatch
     for text in texts:
         for secret in planted:
             assert secret not in text
+
+
+def test_server_outage_loses_no_metric_and_duplicates_none(tmp_path, mlflow_server):
+    """Kill the tracking server mid-run, bring it back on the same port: every logged step's
+    metric arrives exactly once, and training never stopped."""
+    job = tracked_job(
+        tmp_path, mlflow_server.uri, scale={"workers": 2},
+        task={"args": {"step_sleep": 0.05}},
+        train={"max_steps": 160, "log_every": 1},
+        tracking={"flush_timeout_s": 120},
+    )
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(summary=scaletrain.run(job)))
+    runner.start()
+    metrics_file = None
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until training is under way
+        files = list((tmp_path / "runs").rglob("metrics.jsonl"))
+        if files and len(files[0].read_text().splitlines()) >= 25:
+            metrics_file = files[0]
+            break
+        time.sleep(0.2)
+    assert metrics_file is not None, "training did not start"
+    mlflow_server.stop()
+    down_at = len(metrics_file.read_text().splitlines())
+    time.sleep(3)
+    mlflow_server.start()
+    runner.join(timeout=300)
+    summary = outcome["summary"]
+    assert summary["status"] == "finished" and summary["steps"] == 160
+    logged_during_outage = len(read_metrics(summary["run_dir"])) - down_at
+    assert logged_during_outage > 10, "the outage should overlap training"
+    client, run = the_run(mlflow_server.uri, summary)
+    local_steps = [row["step"] for row in read_metrics(summary["run_dir"])]
+    assert local_steps == list(range(1, 161))
+    for key in ("train/loss", "train/lr", "train/accuracy"):
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert sorted(steps) == local_steps, f"{key}: lost or duplicated points"
+    warnings = [
+        json.loads(line) for line in Path(summary["run_dir"], "logs", "worker-0.jsonl").read_text().splitlines()
+        if '"warning"' in line
+    ]
+    unreachable = [w for w in warnings if "cannot reach the tracking server" in w["message"]]
+    assert len(unreachable) == 1, "one warning per outage, not one per step"
+    assert run.info.status == "FINISHED"
