@@ -36,11 +36,14 @@ def run(
     overrides: list[str] | tuple[str, ...] = (),
     *,
     started_at: float | None = None,
+    search_path: list[str] | None = None,
+    tracking_tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Train a job (a YAML path, a mapping or a JobConfig) and return its summary.
 
     The summary is also written to ``summary.json`` in the run directory. Raises a
     ScaletrainError (ConfigError, TaskError, WorkerFailedError...) with a user-facing message.
+    ``search_path`` adds folders to import the task from; ``tracking_tags`` go on the MLflow run.
     """
     from scaletrain.distributed.device import threads_per_worker
     from scaletrain.launch import launcher_for
@@ -49,7 +52,8 @@ def run(
     from scaletrain.task import check_task_target
 
     started_at = started_at or time.time()
-    config, search_path = resolve_job(job, overrides)
+    config, job_search_path = resolve_job(job, overrides)
+    search_path = job_search_path + [p for p in (search_path or []) if p not in job_search_path]
     # Fail before any worker starts if the task does not exist or its args do not fit.
     check_task_target(config.task.target, config.task.args, search_path)
 
@@ -64,7 +68,7 @@ def run(
     run_dir = Path(spec.run_dir)
     spec.logs_dir.mkdir(parents=True, exist_ok=True)
     _write_redacted_job(config, run_dir / "job.yaml")
-    tracking = _start_tracking(config, spec, launcher.name)
+    tracking = _start_tracking(config, spec, launcher.name, tracking_tags)
 
     summary: dict[str, Any] = {
         "status": "running",
@@ -113,7 +117,9 @@ def _write_redacted_job(config: JobConfig, path: Path) -> None:
     write_text_atomic(path, job_to_yaml(JobConfig.model_validate(redacted)))
 
 
-def _start_tracking(config: JobConfig, spec: Any, engine: str) -> Any:
+def _start_tracking(
+    config: JobConfig, spec: Any, engine: str, extra_tags: dict[str, str] | None
+) -> Any:
     """Create the job's MLflow run; a tracker that cannot be reached never stops training."""
     if not config.tracking.enabled:
         return None
@@ -122,7 +128,9 @@ def _start_tracking(config: JobConfig, spec: Any, engine: str) -> Any:
 
     quiet_mlflow_client_retries()
     try:
-        tracking = TrackingRun.start(config, spec.run_id, spec.trace_id, engine)
+        tracking = TrackingRun.start(
+            config, spec.run_id, spec.trace_id, engine, spec.python_path, extra_tags
+        )
     except Exception as exc:
         logging.getLogger("scaletrain.tracking").warning(
             "tracking is off for this run: cannot create the MLflow run (%s: %s); metrics are "
@@ -141,16 +149,22 @@ def _close(summary: dict[str, Any], run_dir: Path, tracking: Any, status: str) -
     from scaletrain.checkpoint.atomic import write_text_atomic
     from scaletrain.launch.worker import WEIGHTS_FILE
     from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR
+    from scaletrain.tracking.run_card import RUN_CARD_FILE
 
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     if tracking is None:
         return
     try:
         tracking.log_artifact(run_dir / "summary.json")
+        tracking.log_artifact(run_dir / RUN_CARD_FILE)
         tracking.log_artifact(run_dir / "logs", "logs")
         tracking.log_artifact(run_dir / WEIGHTS_FILE, "weights")
         tracking.log_artifact(run_dir / MLFLOW_MODEL_DIR, "model")
-        tracking.finish(status)
+        tracking.finish(
+            status,
+            {"scaletrain.steps": summary.get("steps", 0),
+             "scaletrain.weights_sha256": summary.get("weights_sha256", "")},
+        )
     except Exception as exc:
         logging.getLogger("scaletrain.tracking").warning(
             "could not record the end of MLflow run %s (%s: %s); the run directory has it all",

@@ -156,3 +156,64 @@ def test_server_outage_loses_no_metric_and_duplicates_none(tmp_path, mlflow_serv
     unreachable = [w for w in warnings if "cannot reach the tracking server" in w["message"]]
     assert len(unreachable) == 1, "one warning per outage, not one per step"
     assert run.info.status == "FINISHED"
+
+
+def test_runs_show_and_reproduce_commands(tmp_path):
+    from tests.helpers.run import scaletrain_cli
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    job_file = tmp_path / "toy.yaml"
+    job_file.write_text(json.dumps(tracked_job(tmp_path, uri, task={"args": {"dropout": 0.1}},
+                                               train={"max_steps": 15, "log_every": 5})))
+    first = scaletrain_cli("run", str(job_file), "--json")
+    assert first.returncode == 0, first.stderr[-2000:]
+    summary = json.loads(first.stdout)
+
+    listed = scaletrain_cli("runs", "--uri", uri, "--json")
+    assert listed.returncode == 0, listed.stderr
+    (row,) = json.loads(listed.stdout)
+    assert row["run"] == summary["mlflow_run_id"] and row["name"] == summary["run_id"]
+    assert row["status"] == "FINISHED" and row["steps"] == 15
+    assert row["final_loss"] == pytest.approx(summary["train"]["loss"])
+    assert row["git_sha"] and row["duration_s"] > 0
+
+    shown = scaletrain_cli("show", summary["run_id"], "--uri", uri)  # by scaletrain's run id
+    assert shown.returncode == 0, shown.stderr
+    details = json.loads(shown.stdout)
+    assert details["params"]["train.max_steps"] == "15"
+    assert details["metrics"]["train/loss"] == pytest.approx(summary["train"]["loss"])
+    assert "run_card.json" in details["artifacts"]
+    card = details["run_card"]
+    assert card["torch"] and card["git_commit"] and card["data_fingerprint"].startswith("sha256:")
+    assert card["packages"] > 10
+
+    again = scaletrain_cli("reproduce", summary["mlflow_run_id"], "--uri", uri, "--json")
+    assert again.returncode == 0, again.stderr[-2000:]
+    outcome = json.loads(again.stdout)
+    assert outcome["weights_match"] is True
+    assert outcome["weights_sha256"] == summary["weights_sha256"]
+    assert outcome["differences"] == []
+    assert "environment: same code, packages and hardware" in again.stderr
+    client = MlflowClient(uri)
+    assert client.get_run(outcome["new_run"]).data.tags["scaletrain.reproduces"] == summary["mlflow_run_id"]
+
+    missing = scaletrain_cli("show", "no-such-run", "--uri", uri)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == f"error: no run 'no-such-run' at {uri}; list them with: scaletrain runs"
+    no_experiment = scaletrain_cli("runs", "--uri", uri, "--experiment", "nope")
+    assert no_experiment.returncode == 2
+    assert no_experiment.stderr.strip() == (
+        "error: no experiment named 'nope' at this tracking store; experiments: Default, tests"
+    )
+
+
+def test_run_card_records_environment_and_data(tmp_path):
+    summary = scaletrain.run(toy_job(tmp_path, train={"max_steps": 2}))
+    card = json.loads(Path(summary["run_dir"], "run_card.json").read_text())
+    assert card["seed"] == 7 and card["deterministic"] is False
+    assert any(p.startswith("torch==") for p in card["packages"])
+    assert card["torch"]["version"] and card["hardware"]["cpu_count"] >= 1
+    assert card["git"]["commit"] and "diff" in card["git"]
+    other = scaletrain.run(toy_job(tmp_path, train={"max_steps": 2}, task={"args": {"samples": 256}}))
+    other_card = json.loads(Path(other["run_dir"], "run_card.json").read_text())
+    assert other_card["data_fingerprint"] != card["data_fingerprint"]

@@ -107,6 +107,105 @@ def schema() -> None:
     typer.echo(json.dumps(job_schema(), indent=2))
 
 
+UriOpt = Annotated[
+    Optional[str],
+    typer.Option("--uri", help="tracking store or server (default: MLFLOW_TRACKING_URI, else ./mlflow.db)"),
+]
+
+
+def _tracking_uri(uri: str | None) -> str:
+    from scaletrain.tracking.mlflow_run import resolve_tracking_uri
+
+    return uri or resolve_tracking_uri()
+
+
+@app.command()
+def runs(
+    experiment: Annotated[Optional[str], typer.Option("--experiment", "-e", help="only this experiment")] = None,
+    limit: Annotated[int, typer.Option(help="newest N runs")] = 20,
+    uri: UriOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table")] = False,
+) -> None:
+    """List tracked runs: status, steps, final loss, duration, git SHA."""
+    from scaletrain.tracking.runs import list_runs
+
+    try:
+        rows = list_runs(_tracking_uri(uri), experiment, limit)
+    except ScaletrainError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("run", "name", "experiment", "status", "steps", "final loss", "duration", "git")
+    for row in rows:
+        table.add_row(
+            row["run"][:12], row["name"] or "", row["experiment"], row["status"],
+            "" if row["steps"] is None else str(row["steps"]),
+            "" if row["final_loss"] is None else f"{row['final_loss']:.4g}",
+            "" if row["duration_s"] is None else f"{row['duration_s']:.1f} s",
+            row["git_sha"] or "",
+        )
+    Console().print(table if rows else "no runs yet: train one with `scaletrain run JOB`")
+
+
+@app.command()
+def show(
+    run_id: Annotated[str, typer.Argument(help="MLflow run id or scaletrain run id", metavar="RUN")],
+    uri: UriOpt = None,
+) -> None:
+    """Show one run: params, final metrics, artifacts, run card."""
+    from scaletrain.tracking.runs import run_details
+
+    try:
+        details = run_details(_tracking_uri(uri), run_id)
+    except ScaletrainError as exc:
+        _fail(exc)
+    typer.echo(json.dumps(details, indent=2))
+
+
+@app.command()
+def reproduce(
+    run_id: Annotated[str, typer.Argument(help="MLflow run id or scaletrain run id", metavar="RUN")],
+    uri: UriOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the outcome as JSON")] = False,
+) -> None:
+    """Run a recorded job again; report what differs, then whether the weights match."""
+    from scaletrain.reproduce import reproduce as reproduce_run
+
+    try:
+        outcome = reproduce_run(
+            run_id, _tracking_uri(uri), announce=lambda line: typer.echo(line, err=True)
+        )
+    except ScaletrainError as exc:
+        _fail(exc)
+    if as_json:
+        outcome = {k: v for k, v in outcome.items() if k != "summary"}
+        typer.echo(json.dumps(outcome))
+        return
+    verdict = "match bit for bit" if outcome["weights_match"] else "DIFFER"
+    typer.echo(f"final weights {verdict}: {outcome['weights_sha256']} (recorded {outcome['recorded_weights_sha256']})")
+    if not outcome["weights_match"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def ui(
+    uri: UriOpt = None,
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 5000,
+) -> None:
+    """Open the MLflow UI on the tracking store, bound to 127.0.0.1."""
+    import os
+    import shutil
+
+    mlflow_bin = shutil.which("mlflow") or os.path.join(os.path.dirname(sys.executable), "mlflow")
+    store = _tracking_uri(uri)
+    typer.echo(f"MLflow UI for {store} at http://127.0.0.1:{port}", err=True)
+    os.execv(mlflow_bin, [mlflow_bin, "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", str(port)])
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -13,6 +13,7 @@ import gc
 import json
 import logging
 import os
+import threading
 import time
 import traceback
 from dataclasses import asdict
@@ -38,6 +39,7 @@ from scaletrain.tracking.logs import LOGGER_NAME, LogContext, setup_logging
 from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR, example_input, save_mlflow_model
 from scaletrain.tracking.mlflow_sink import MlflowReporter
 from scaletrain.tracking.redact import Redactor
+from scaletrain.tracking.run_card import build_run_card, data_fingerprint, write_run_card
 from scaletrain.tracking.progress import ProgressBar, progress_wanted
 from scaletrain.tracking.reporter import LogReporter, MetricsFile, NullReporter, Reporters
 
@@ -106,7 +108,15 @@ def _train(
     """Build and fit; the trainer (model, DDP, optimizer) dies with this frame."""
     task = build_task(job.task.target, job.task.args, spec.python_path)
     trainer = Trainer(job, task, env, placement, reporter)
+    card_writer = None
+    if env.is_main:  # off the critical path: the card is written while training starts
+        card_writer = threading.Thread(
+            target=_write_card, args=(spec, task, trainer.train_set, env.world_size), daemon=True
+        )
+        card_writer.start()
     result = trainer.fit()
+    if card_writer is not None:
+        card_writer.join()
     if env.is_main:
         model = trainer.strategy.unwrap(trainer.model)
         save_weights(
@@ -118,6 +128,14 @@ def _train(
             example = example_input(task, trainer.train_set, trainer.collate or default_collate)
             save_mlflow_model(model, os.path.join(spec.run_dir, MLFLOW_MODEL_DIR), example)
     return result
+
+
+def _write_card(spec: RunSpec, task: Any, dataset: Any, world_size: int) -> None:
+    try:
+        card = build_run_card(spec.job, data_fingerprint(task, dataset), world_size)
+        write_run_card(spec.run_dir, card, Redactor.for_config(spec.job))
+    except Exception:
+        log.warning("could not write the run card", exc_info=True)
 
 
 def _reporter_for(env: DistEnv, spec: RunSpec, job: JobConfig, context: LogContext) -> Reporters:

@@ -27,9 +27,9 @@ _PARAM_VALUE_LIMIT = 6000  # MLflow's limit on one param value
 _PARAMS_PER_BATCH = 100
 
 
-def resolve_tracking_uri(config: JobConfig) -> str:
+def resolve_tracking_uri(config: JobConfig | None = None) -> str:
     """Job file, else MLFLOW_TRACKING_URI, else an embedded sqlite store in the working dir."""
-    if config.tracking.uri:
+    if config is not None and config.tracking.uri:
         return config.tracking.uri
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
@@ -52,7 +52,15 @@ class TrackingRun:
         self.redactor = redactor
 
     @classmethod
-    def start(cls, config: JobConfig, local_run_id: str, trace_id: str, engine: str) -> TrackingRun:
+    def start(
+        cls,
+        config: JobConfig,
+        local_run_id: str,
+        trace_id: str,
+        engine: str,
+        python_path: list[str],
+        extra_tags: dict[str, str] | None = None,
+    ) -> TrackingRun:
         from mlflow import MlflowClient
         from mlflow.entities import Param
 
@@ -65,7 +73,9 @@ class TrackingRun:
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
         raw = config.model_dump(mode="json")
         redactor = Redactor.for_config(raw)
-        tags = redactor.mapping(_run_tags(config, local_run_id, trace_id, engine, uri))
+        tags = _run_tags(config, local_run_id, trace_id, engine, uri)
+        tags["scaletrain.python_path"] = json.dumps(python_path)
+        tags = redactor.mapping({**tags, **(extra_tags or {})})
         run = client.create_run(experiment_id, run_name=local_run_id, tags=tags)
         params = redactor.mapping(flatten(raw))
         items = [Param(k, _param_text(v)) for k, v in params.items()]
@@ -81,8 +91,10 @@ class TrackingRun:
         elif path.exists():
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
-    def finish(self, status: str) -> None:
+    def finish(self, status: str, tags: dict[str, str] | None = None) -> None:
         """``status``: FINISHED, FAILED or KILLED."""
+        for key, value in (tags or {}).items():
+            self.client.set_tag(self.run_id, key, self.redactor.text(str(value)))
         self.client.set_terminated(self.run_id, status)
 
 

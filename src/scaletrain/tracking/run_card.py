@@ -1,0 +1,150 @@
+"""The run card: what it takes to run this job again and get the same bits.
+
+Software (Python, every installed package, torch/CUDA/cuDNN/NCCL), hardware (CPU, GPUs,
+OS), code (git commit, branch, the diff of uncommitted changes), the seed and determinism
+settings, and a fingerprint of the training data. Rank 0 writes it as ``run_card.json``;
+the launcher logs it to MLflow. ``scaletrain reproduce`` compares two of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scaletrain.checkpoint.atomic import write_text_atomic
+from scaletrain.tracking.redact import Redactor
+
+__all__ = ["build_run_card", "write_run_card", "data_fingerprint", "compare_run_cards"]
+
+RUN_CARD_FILE = "run_card.json"
+_DIFF_LIMIT = 200_000  # characters of uncommitted diff kept in the card
+
+
+def data_fingerprint(task: Any, dataset: Any, samples: int = 256) -> str:
+    """The task's own ``data_fingerprint()`` if it has one, else a sha256 over the length and
+    an evenly spread sample of items (cheap for big datasets, sensitive to changed data)."""
+    if callable(getattr(task, "data_fingerprint", None)):
+        return str(task.data_fingerprint())
+    digest = hashlib.sha256()
+    n = len(dataset)
+    digest.update(str(n).encode())
+    for index in sorted({i * n // samples for i in range(min(n, samples))}):
+        _hash_item(digest, dataset[index])
+    return "sha256:" + digest.hexdigest()
+
+
+def _hash_item(digest: Any, item: Any) -> None:
+    if isinstance(item, torch.Tensor):
+        tensor = item.detach().cpu().contiguous()
+        digest.update(str(tensor.dtype).encode() + str(tuple(tensor.shape)).encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(item, (tuple, list)):
+        for part in item:
+            _hash_item(digest, part)
+    elif isinstance(item, dict):
+        for key in sorted(item):
+            digest.update(str(key).encode())
+            _hash_item(digest, item[key])
+    else:
+        digest.update(repr(item).encode())
+
+
+def build_run_card(job: dict[str, Any], fingerprint: str, world_size: int) -> dict[str, Any]:
+    cuda = torch.cuda.is_available()
+    return {
+        "python": sys.version.split()[0],
+        "packages": sorted(
+            {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]},
+            key=str.lower,
+        ),
+        "torch": {
+            "version": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if cuda else None,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        },
+        "hardware": {
+            "host": socket.gethostname(),
+            "cpu": _cpu_model(),
+            "cpu_count": os.cpu_count(),
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            "world_size": world_size,
+        },
+        "os": platform.platform(),
+        "git": _git(),
+        "seed": job.get("seed"),
+        "deterministic": job.get("deterministic"),
+        "data_fingerprint": fingerprint,
+    }
+
+
+def write_run_card(run_dir: str | Path, card: dict[str, Any], redactor: Redactor) -> Path:
+    path = Path(run_dir) / RUN_CARD_FILE
+    write_text_atomic(path, redactor.text(json.dumps(card, indent=2)))
+    return path
+
+
+def compare_run_cards(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Human lines for every difference that can change results: code, packages, hardware."""
+    lines = []
+    old_git, new_git = recorded.get("git") or {}, current.get("git") or {}
+    if old_git.get("commit") != new_git.get("commit"):
+        lines.append(f"git commit: {old_git.get('commit')} -> {new_git.get('commit')}")
+    if old_git.get("diff_sha256") != new_git.get("diff_sha256"):
+        lines.append("uncommitted changes differ")
+    old_pkgs = dict(p.split("==", 1) for p in recorded.get("packages", []))
+    new_pkgs = dict(p.split("==", 1) for p in current.get("packages", []))
+    for name in sorted(set(old_pkgs) | set(new_pkgs), key=str.lower):
+        if old_pkgs.get(name) != new_pkgs.get(name):
+            lines.append(f"package {name}: {old_pkgs.get(name, 'absent')} -> {new_pkgs.get(name, 'absent')}")
+    for key in ("python", "os", "data_fingerprint"):
+        if recorded.get(key) != current.get(key):
+            lines.append(f"{key}: {recorded.get(key)} -> {current.get(key)}")
+    for key in ("cpu", "cpu_count", "gpus", "world_size"):
+        old, new = (recorded.get("hardware") or {}).get(key), (current.get("hardware") or {}).get(key)
+        if old != new:
+            lines.append(f"hardware {key}: {old} -> {new}")
+    return lines
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git() -> dict[str, Any] | None:
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(
+                ["git", *args], capture_output=True, text=True, timeout=10, check=True
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    diff = git("diff", "HEAD") or ""
+    return {
+        "commit": commit.strip(),
+        "branch": (git("rev-parse", "--abbrev-ref", "HEAD") or "").strip(),
+        "dirty": bool(diff),
+        "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None,
+        "diff": diff[:_DIFF_LIMIT],
+        "diff_truncated": len(diff) > _DIFF_LIMIT,
+    }
