@@ -3,7 +3,7 @@ torchrun, on the digits MLP with the same batch, optimizer, schedule and clippin
 
 Runs A B A B ... so machine noise hits both alike, and prints medians:
 time from command start to the first finished step, and steady-state steps/s (from step
-`log_every` to the end, eval off). The full benchmark suite will live beside this file.
+`log_every` to the end, eval off, tracking off: bench/tracking_overhead.py measures that). The full benchmark suite will live beside this file.
 
     .venv/bin/python bench/quick_ddp_compare.py --repeats 3 --steps 600
 """
@@ -19,28 +19,19 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import BIN, REPO, run_scaletrain, steady_steps_per_s  # noqa: E402
 
 
-def run_scaletrain(steps: int, workers: int, run_dir: str) -> dict:
+def run_scaletrain_digits(steps: int, workers: int, run_dir: str) -> dict:
     started = time.time()
-    out = subprocess.run(
-        [str(BIN / "scaletrain"), "run", "examples/digits.yaml", "--json",
-         "--set", f"train.max_steps={steps}", "--set", "train.epochs=null",
-         "--set", "train.eval_every=null", "--set", f"scale.workers={workers}",
-         "--set", f"run_dir={run_dir}"],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    )
-    summary = json.loads(out.stdout)
-    rows = [json.loads(l) for l in Path(summary["run_dir"], "metrics.jsonl").read_text().splitlines()]
-    windows = [r for r in rows if r["split"] == "train" and r["step"] > 20]
-    # Each report covers the steps since the previous one; weight by steps.
-    previous = [20] + [r["step"] for r in windows[:-1]]
-    step_time = sum(r["step_time_s"] * (r["step"] - p) for r, p in zip(windows, previous))
-    steps_timed = windows[-1]["step"] - 20
+    summary = run_scaletrain("examples/digits.yaml", [
+        f"train.max_steps={steps}", "train.epochs=null", "train.eval_every=null",
+        f"scale.workers={workers}", f"run_dir={run_dir}", "tracking.enabled=false",
+    ])
     first_step_at = summary["started_at"] + summary["time_to_first_step_s"]
-    return {"first_step_s": first_step_at - started, "steps_per_s": steps_timed / step_time}
+    return {"first_step_s": first_step_at - started,
+            "steps_per_s": steady_steps_per_s(summary["run_dir"])}
 
 
 def run_torchrun(steps: int, workers: int) -> dict:
@@ -69,7 +60,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as run_dir:
         for _ in range(args.repeats):
             results["torchrun"].append(run_torchrun(args.steps, args.workers))
-            results["scaletrain"].append(run_scaletrain(args.steps, args.workers, run_dir))
+            results["scaletrain"].append(run_scaletrain_digits(args.steps, args.workers, run_dir))
     table = {}
     for name, rows in results.items():
         table[name] = {

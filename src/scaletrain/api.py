@@ -124,9 +124,9 @@ def _start_tracking(
     if not config.tracking.enabled:
         return None
     from scaletrain.tracking.mlflow_run import TrackingRun
-    from scaletrain.tracking.sender import quiet_mlflow_client_retries
+    from scaletrain.tracking.sender import configure_mlflow_client
 
-    quiet_mlflow_client_retries()
+    configure_mlflow_client()
     try:
         tracking = TrackingRun.start(
             config, spec.run_id, spec.trace_id, engine, spec.python_path, extra_tags

@@ -217,3 +217,16 @@ def test_run_card_records_environment_and_data(tmp_path):
     other = scaletrain.run(toy_job(tmp_path, train={"max_steps": 2}, task={"args": {"samples": 256}}))
     other_card = json.loads(Path(other["run_dir"], "run_card.json").read_text())
     assert other_card["data_fingerprint"] != card["data_fingerprint"]
+
+
+def test_cli_json_against_a_server_prints_only_the_summary(tmp_path, mlflow_server):
+    from tests.helpers.run import scaletrain_cli
+
+    job_file = tmp_path / "toy.yaml"
+    job_file.write_text(json.dumps(tracked_job(tmp_path, mlflow_server.uri, train={"max_steps": 5})))
+    result = scaletrain_cli("run", str(job_file), "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads(result.stdout)  # nothing else on stdout, e.g. MLflow's run URL
+    _, run = the_run(mlflow_server.uri, summary)
+    assert run.info.status == "FINISHED"
+    assert len(MlflowClient(mlflow_server.uri).get_metric_history(run.info.run_id, "train/loss")) == 5

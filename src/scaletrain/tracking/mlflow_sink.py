@@ -8,7 +8,7 @@ from pathlib import Path
 
 from scaletrain.tracking.journal import MetricJournal
 from scaletrain.tracking.reporter import NullReporter
-from scaletrain.tracking.sender import MetricSender, quiet_mlflow_client_retries
+from scaletrain.tracking.sender import MetricSender, configure_mlflow_client
 
 __all__ = ["MlflowReporter"]
 
@@ -38,7 +38,7 @@ class MlflowReporter(NullReporter):
         return MlflowClient(tracking_uri=self.tracking_uri)
 
     def on_start(self, total_steps: int, start_step: int) -> None:
-        quiet_mlflow_client_retries()
+        configure_mlflow_client()
         self.total_steps = total_steps
         self.sender = MetricSender(self._client, self.run_id, self.journal, self.log)
         # Whatever an earlier attempt journaled but could not deliver goes first.

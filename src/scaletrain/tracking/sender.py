@@ -119,7 +119,9 @@ def _log_batch(client: Any, run_id: str, batch: list[MetricPoint]) -> None:
     )
 
 
-def quiet_mlflow_client_retries() -> None:
-    """MLflow retries HTTP calls for minutes by default; we retry ourselves, without blocking."""
+def configure_mlflow_client() -> None:
+    """MLflow retries HTTP calls for minutes by default; we retry ourselves, without blocking.
+    It also prints run URLs on stdout, which belongs to ``--json`` output."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")

@@ -1,0 +1,41 @@
+"""Shared helpers for the benchmarks: run scaletrain, read steady-state throughput."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run_scaletrain(job: str, overrides: list[str], env: dict | None = None) -> dict:
+    """``scaletrain run JOB --json`` as a user would; returns the summary."""
+    import os
+
+    args = [str(BIN / "scaletrain"), "run", job, "--json"]
+    for item in overrides:
+        args += ["--set", item]
+    out = subprocess.run(args, cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, **(env or {})})
+    if out.returncode != 0:
+        raise RuntimeError(f"scaletrain failed ({out.returncode}): {out.stderr[-3000:]}")
+    try:
+        return json.loads(out.stdout)
+    except ValueError:
+        raise RuntimeError(f"no JSON summary on stdout: {out.stdout[:500]!r} {out.stderr[-1500:]}") from None
+
+
+def steady_steps_per_s(run_dir: str | Path, skip: int = 20) -> float:
+    """Steps/s after the first ``skip`` steps, from the step times of every report window."""
+    rows = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").read_text().splitlines()]
+    reports = [r for r in rows if r["split"] == "train"]
+    elapsed, steps, previous = 0.0, 0, None
+    for row in reports:
+        if previous is not None and previous >= skip:
+            elapsed += row["step_time_s"] * (row["step"] - previous)
+            steps += row["step"] - previous
+        previous = row["step"]
+    return steps / elapsed
