@@ -1,6 +1,7 @@
 """Sends journaled metric points to MLflow from a background thread, in batches.
 
-Training never waits for the tracker: the loop only appends to the journal and a queue.
+Training never waits for the tracker: the loop only appends to the journal and a queue, and
+the thread sends at most one request every ``interval_s`` (or per 1000 points).
 A failed batch is retried with backoff (the same batch, so order and the cursor stay
 simple); the first failure logs one warning and the recovery one line, never one per step.
 """
@@ -30,12 +31,14 @@ class MetricSender:
         journal: MetricJournal,
         logger: logging.Logger,
         max_backoff_s: float = 10.0,
+        interval_s: float = 2.0,
     ):
         self._client_factory = client_factory
         self._run_id = run_id
         self._journal = journal
         self._log = logger
         self._max_backoff = max_backoff_s
+        self._interval = interval_s
         self._queue: deque[MetricPoint] = deque()
         self._cond = threading.Condition()
         self._closing = False
@@ -70,6 +73,15 @@ class MetricSender:
             with self._cond:
                 while not self._queue and not self._closing:
                     self._cond.wait()
+                # Gather for a while: one request a few seconds costs the training loop
+                # nothing, one a step costs it dearly (the sender shares the rank's cores).
+                gather_until = time.monotonic() + self._interval
+                while (
+                    not self._closing
+                    and len(self._queue) < MAX_METRICS_PER_BATCH
+                    and time.monotonic() < gather_until
+                ):
+                    self._cond.wait(gather_until - time.monotonic())
                 if not self._queue:
                     return
                 count = min(MAX_METRICS_PER_BATCH, len(self._queue))
