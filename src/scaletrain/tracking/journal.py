@@ -1,7 +1,7 @@
 """The metric journal: every point is on local disk before anyone tries to send it.
 
-``metrics.journal.jsonl`` holds points in order, each with a sequence number and its own
-timestamp; ``metrics.journal.sent`` holds the highest sequence number delivered together
+``metrics.journal.jsonl`` holds points in order, one line per report (its first sequence
+number, step, timestamp and values: one ``json.dumps`` per step, not per point); ``metrics.journal.sent`` holds the highest sequence number delivered together
 with everything before it. A later attempt (or the same one after an outage) sends what lies
 past the cursor again. Points keep their original timestamp, so a point delivered twice is
 the same point, and MLflow's SQL store keeps it once.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -51,24 +51,39 @@ class MetricJournal:
         points = []
         for line in self.path.read_text(encoding="utf-8").splitlines():
             try:
-                points.append(MetricPoint(**json.loads(line)))
-            except (ValueError, TypeError):
-                continue  # a line torn by a crash mid-write: its point was never acknowledged
+                entry = json.loads(line)
+                for offset, (key, value) in enumerate(entry["values"].items()):
+                    points.append(
+                        MetricPoint(entry["seq"] + offset, key, value, entry["step"], entry["ts"])
+                    )
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue  # a line torn by a crash mid-write: its points were never acknowledged
         return points
 
     def append(self, key_values: dict[str, float], step: int, timestamp_ms: int) -> list[MetricPoint]:
         """Write points and flush them to the OS (they survive SIGKILL of this process)."""
         with self._lock:
             if self._file is None:
+                torn = self.path.exists() and self.path.stat().st_size > 0 and not self._ends_with_newline()
                 self._file = open(self.path, "a", encoding="utf-8")
-            points = []
-            for key, value in key_values.items():
-                point = MetricPoint(self._next_seq, key, float(value), step, timestamp_ms)
-                self._next_seq += 1
-                points.append(point)
-                self._file.write(json.dumps(asdict(point)) + "\n")
+                if torn:  # a crash cut the last line short: start ours on a fresh one
+                    self._file.write("\n")
+            first = self._next_seq
+            values = {key: float(value) for key, value in key_values.items()}
+            self._file.write(
+                json.dumps({"seq": first, "step": step, "ts": timestamp_ms, "values": values}) + "\n"
+            )
             self._file.flush()
-            return points
+            self._next_seq += len(values)
+            return [
+                MetricPoint(first + i, key, value, step, timestamp_ms)
+                for i, (key, value) in enumerate(values.items())
+            ]
+
+    def _ends_with_newline(self) -> bool:
+        with open(self.path, "rb") as handle:
+            handle.seek(-1, 2)
+            return handle.read(1) == b"\n"
 
     def sent_cursor(self) -> int:
         try:

@@ -1,0 +1,21 @@
+from scaletrain.tracking.journal import MetricJournal
+
+
+def test_points_survive_a_reopen_and_the_cursor_says_what_is_left(tmp_path):
+    journal = MetricJournal(tmp_path)
+    first = journal.append({"train/loss": 1.5, "train/lr": 0.1}, step=1, timestamp_ms=1000)
+    second = journal.append({"train/loss": 1.2, "train/lr": 0.1}, step=2, timestamp_ms=2000)
+    assert [p.seq for p in first + second] == [1, 2, 3, 4]
+    journal.mark_sent(2)
+    journal.close()
+    with open(journal.path, "a") as handle:  # a crash mid-write leaves a torn last line
+        handle.write('{"seq": 5, "step": 3, "ts"')
+    reopened = MetricJournal(tmp_path)
+    pending = reopened.pending()
+    assert [(p.seq, p.key, p.value, p.step, p.timestamp_ms) for p in pending] == [
+        (3, "train/loss", 1.2, 2, 2000),
+        (4, "train/lr", 0.1, 2, 2000),
+    ]
+    assert reopened.append({"x": 1.0}, step=3, timestamp_ms=3000)[0].seq == 5
+    reopened.close()
+    assert [p.seq for p in MetricJournal(tmp_path).pending()] == [3, 4, 5]
