@@ -141,6 +141,7 @@ def _start_tracking(
         return None
     spec.tracking_uri, spec.tracking_run_id = tracking.uri, tracking.run_id
     tracking.log_artifact(Path(spec.run_dir) / "job.yaml")
+    tracking.start_system_metrics(config.tracking.system_metrics_every_s)
     return tracking
 
 

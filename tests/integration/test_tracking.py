@@ -230,3 +230,16 @@ def test_cli_json_against_a_server_prints_only_the_summary(tmp_path, mlflow_serv
     _, run = the_run(mlflow_server.uri, summary)
     assert run.info.status == "FINISHED"
     assert len(MlflowClient(mlflow_server.uri).get_metric_history(run.info.run_id, "train/loss")) == 5
+
+
+def test_system_metrics_are_sampled_while_training(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    summary = scaletrain.run(tracked_job(
+        tmp_path, uri, task={"args": {"step_sleep": 0.05}}, train={"max_steps": 60, "log_every": 20},
+        tracking={"system_metrics_every_s": 0.5},
+    ))
+    client, run = the_run(uri, summary)
+    cpu = client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
+    memory = client.get_metric_history(run.info.run_id, "system/system_memory_usage_megabytes")
+    assert len(cpu) >= 2 and len(memory) >= 2
+    assert all(0 <= m.value <= 100 for m in cpu)

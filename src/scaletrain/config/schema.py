@@ -137,6 +137,9 @@ class TrackingConfig(Section):
     flush_timeout_s: NonNegativeFloat = Field(
         30.0, description="at the end, how long to wait for an unreachable tracker"
     )
+    system_metrics_every_s: NonNegativeFloat = Field(
+        10.0, description="sample CPU, memory, disk, network, GPU every N seconds; 0: off"
+    )
 
 
 class JobConfig(Section):

@@ -50,6 +50,23 @@ class TrackingRun:
         self.run_id = run_id
         self.uri = uri
         self.redactor = redactor
+        self.system_metrics: Any = None
+
+    def start_system_metrics(self, every_s: float) -> None:
+        """MLflow's own sampler (system/* metrics), in a thread of the launcher, which is idle
+        while the workers train."""
+        if every_s <= 0:
+            return
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self.system_metrics = SystemMetricsMonitor(
+                self.run_id, sampling_interval=every_s, tracking_uri=self.uri
+            )
+            self.system_metrics.start()
+        except Exception as exc:  # e.g. psutil missing: the run goes on without them
+            log.warning("system metrics are off: %s: %s", type(exc).__name__, exc)
+            self.system_metrics = None
 
     @classmethod
     def start(
@@ -93,6 +110,9 @@ class TrackingRun:
 
     def finish(self, status: str, tags: dict[str, str] | None = None) -> None:
         """``status``: FINISHED, FAILED or KILLED."""
+        if self.system_metrics is not None:
+            self.system_metrics.finish()
+            self.system_metrics = None
         for key, value in (tags or {}).items():
             self.client.set_tag(self.run_id, key, self.redactor.text(str(value)))
         self.client.set_terminated(self.run_id, status)
