@@ -12,8 +12,12 @@ from typing import Any
 from scaletrain.config import job_to_yaml, load_job, parse_job
 from scaletrain.config.schema import JobConfig
 from scaletrain.errors import RunInterrupted, ScaletrainError
+from scaletrain.tracking.logs import LAUNCHER_LOGGER_NAME, LogContext, setup_logging
+from scaletrain.tracking.redact import Redactor
 
 __all__ = ["run", "resolve_job"]
+
+_launcher_log = logging.getLogger(f"{LAUNCHER_LOGGER_NAME}.tracking")
 
 
 def resolve_job(
@@ -48,7 +52,6 @@ def run(
     from scaletrain.distributed.device import threads_per_worker
     from scaletrain.launch import launcher_for
     from scaletrain.launch.spec import RunSpec
-    from scaletrain.launch.worker import WEIGHTS_FILE
     from scaletrain.task import check_task_target
 
     started_at = started_at or time.time()
@@ -68,7 +71,26 @@ def run(
     run_dir = Path(spec.run_dir)
     spec.logs_dir.mkdir(parents=True, exist_ok=True)
     _write_redacted_job(config, run_dir / "job.yaml")
-    tracking = _start_tracking(config, spec, launcher.name, tracking_tags)
+    undo_logging = setup_logging(
+        LogContext(spec.run_id, spec.trace_id, rank=None),
+        spec.logs_dir / "launcher.jsonl",
+        redactor=Redactor.for_config(spec.job),
+        logger_name=LAUNCHER_LOGGER_NAME,
+    )
+    try:
+        return _run_attempt(config, spec, launcher, started_at, tracking_tags)
+    finally:
+        undo_logging()
+
+
+def _run_attempt(
+    config: JobConfig, spec: Any, launcher: Any, started_at: float, tracking_tags: dict | None
+) -> dict[str, Any]:
+    from scaletrain.launch.worker import WEIGHTS_FILE
+
+    run_dir = Path(spec.run_dir)
+    workers = config.scale.workers
+    tracking, shipper = _start_tracking(config, spec, launcher.name, tracking_tags)
 
     summary: dict[str, Any] = {
         "status": "running",
@@ -90,7 +112,7 @@ def run(
             error=str(exc) or type(exc).__name__,
             wall_time_s=round(time.time() - started_at, 3),
         )
-        _close(summary, run_dir, tracking, "KILLED" if interrupted else "FAILED")
+        _close(summary, run_dir, tracking, shipper, config, "KILLED" if interrupted else "FAILED")
         raise
     first_step_at = result.get("first_step_at")
     summary.update(
@@ -104,7 +126,7 @@ def run(
         weights=str(run_dir / WEIGHTS_FILE),
         logs=str(spec.logs_dir),
     )
-    _close(summary, run_dir, tracking, "FINISHED")
+    _close(summary, run_dir, tracking, shipper, config, "FINISHED")
     return summary
 
 
@@ -119,12 +141,14 @@ def _write_redacted_job(config: JobConfig, path: Path) -> None:
 
 def _start_tracking(
     config: JobConfig, spec: Any, engine: str, extra_tags: dict[str, str] | None
-) -> Any:
-    """Create the job's MLflow run; a tracker that cannot be reached never stops training."""
+) -> tuple[Any, Any]:
+    """Create the job's MLflow run and start shipping the metric journal to it.
+    A tracker that cannot be reached never stops training."""
     if not config.tracking.enabled:
-        return None
+        return None, None
     from scaletrain.tracking.mlflow_run import TrackingRun
     from scaletrain.tracking.sender import configure_mlflow_client
+    from scaletrain.tracking.shipper import JournalShipper
 
     configure_mlflow_client()
     try:
@@ -132,21 +156,26 @@ def _start_tracking(
             config, spec.run_id, spec.trace_id, engine, spec.python_path, extra_tags
         )
     except Exception as exc:
-        logging.getLogger("scaletrain.tracking").warning(
+        _launcher_log.warning(
             "tracking is off for this run: cannot create the MLflow run (%s: %s); metrics are "
             "still written to %s",
             type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "",
             Path(spec.run_dir) / "metrics.jsonl",
         )
-        return None
+        return None, None
     spec.tracking_uri, spec.tracking_run_id = tracking.uri, tracking.run_id
     tracking.log_artifact(Path(spec.run_dir) / "job.yaml")
     tracking.start_system_metrics(config.tracking.system_metrics_every_s)
-    return tracking
+    shipper = JournalShipper(
+        tracking.uri, tracking.run_id, Path(spec.run_dir) / "tracking", _launcher_log
+    ).start()
+    return tracking, shipper
 
 
-def _close(summary: dict[str, Any], run_dir: Path, tracking: Any, status: str) -> None:
-    """summary.json, then the run's artifacts and final status in MLflow."""
+def _close(
+    summary: dict[str, Any], run_dir: Path, tracking: Any, shipper: Any, config: JobConfig, status: str
+) -> None:
+    """summary.json, then the last metrics, the run's artifacts and final status in MLflow."""
     from scaletrain.checkpoint.atomic import write_text_atomic
     from scaletrain.launch.worker import WEIGHTS_FILE
     from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR
@@ -155,6 +184,13 @@ def _close(summary: dict[str, Any], run_dir: Path, tracking: Any, status: str) -
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     if tracking is None:
         return
+    left = shipper.close(config.tracking.flush_timeout_s)
+    if left:
+        _launcher_log.warning(
+            "%d metric points could not be delivered to the tracking server; they are kept in "
+            "%s and sent by the next attempt",
+            left, run_dir / "tracking" / "metrics.journal.jsonl",
+        )
     try:
         tracking.log_artifact(run_dir / "summary.json")
         tracking.log_artifact(run_dir / RUN_CARD_FILE)
@@ -167,7 +203,7 @@ def _close(summary: dict[str, Any], run_dir: Path, tracking: Any, status: str) -
              "scaletrain.weights_sha256": summary.get("weights_sha256", "")},
         )
     except Exception as exc:
-        logging.getLogger("scaletrain.tracking").warning(
+        _launcher_log.warning(
             "could not record the end of MLflow run %s (%s: %s); the run directory has it all",
             tracking.run_id, type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "",
         )

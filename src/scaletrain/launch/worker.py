@@ -147,15 +147,11 @@ def _reporter_for(env: DistEnv, spec: RunSpec, job: JobConfig, context: LogConte
         ]
         if progress_wanted():
             sinks.append(ProgressBar(job.name))
-        if spec.tracking_run_id and spec.tracking_uri:
+        if spec.tracking_run_id:
             sinks.append(
                 MlflowReporter(
-                    spec.tracking_uri,
-                    spec.tracking_run_id,
                     os.path.join(spec.run_dir, "tracking"),
                     every=job.tracking.log_every_steps or job.train.log_every,
-                    flush_timeout_s=job.tracking.flush_timeout_s,
-                    logger=logging.getLogger(f"{LOGGER_NAME}.tracking"),
                 )
             )
     return Reporters(*sinks)

@@ -46,19 +46,28 @@ class MetricJournal:
         return last
 
     def _read(self) -> list[MetricPoint]:
+        return self.read_from(0)[0]
+
+    def read_from(self, offset: int) -> tuple[list[MetricPoint], int]:
+        """Points in the complete lines after byte ``offset``, and the offset to read from next
+        (a line still being written is left for the next call)."""
         if not self.path.exists():
-            return []
+            return [], offset
+        with open(self.path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+        end = data.rfind(b"\n") + 1
         points = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        for line in data[:end].decode("utf-8", "replace").splitlines():
             try:
                 entry = json.loads(line)
-                for offset, (key, value) in enumerate(entry["values"].items()):
+                for index, (key, value) in enumerate(entry["values"].items()):
                     points.append(
-                        MetricPoint(entry["seq"] + offset, key, value, entry["step"], entry["ts"])
+                        MetricPoint(entry["seq"] + index, key, value, entry["step"], entry["ts"])
                     )
             except (ValueError, TypeError, KeyError, AttributeError):
                 continue  # a line torn by a crash mid-write: its points were never acknowledged
-        return points
+        return points, offset + end
 
     def append(self, key_values: dict[str, float], step: int, timestamp_ms: int) -> list[MetricPoint]:
         """Write points and flush them to the OS (they survive SIGKILL of this process)."""

@@ -17,9 +17,12 @@ from typing import Any
 
 from scaletrain.tracking.redact import Redactor
 
-__all__ = ["JsonFormatter", "LogContext", "setup_logging", "LOGGER_NAME"]
+__all__ = ["JsonFormatter", "LogContext", "setup_logging", "LOGGER_NAME", "LAUNCHER_LOGGER_NAME"]
 
 LOGGER_NAME = "scaletrain"
+# The launcher's own records (tracking, sending) live apart from the workers' ``scaletrain``
+# logger, so an in-process worker and its launcher never write each other's lines twice.
+LAUNCHER_LOGGER_NAME = "scaletrain_launcher"
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
@@ -94,13 +97,14 @@ def setup_logging(
     log_file: str | Path | None,
     console_level: int = logging.INFO,
     redactor: Redactor | None = None,
+    logger_name: str = LOGGER_NAME,
 ) -> Callable[[], None]:
     """Attach the file and console handlers to the ``scaletrain`` logger; returns the undo.
 
     On a terminal the console shows warnings and errors in plain words (the progress bar tells
     the rest); elsewhere it gets the same JSON lines as the file.
     """
-    logger = logging.getLogger(LOGGER_NAME)
+    logger = logging.getLogger(logger_name)
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
     context_filter = _ContextFilter(context)

@@ -22,7 +22,7 @@ from scaletrain.tracking.redact import Redactor, flatten, redact_url
 
 __all__ = ["TrackingRun", "resolve_tracking_uri"]
 
-log = logging.getLogger("scaletrain.tracking")
+log = logging.getLogger("scaletrain_launcher.tracking")
 _PARAM_VALUE_LIMIT = 6000  # MLflow's limit on one param value
 _PARAMS_PER_BATCH = 100
 

@@ -1,7 +1,7 @@
 """Sends journaled metric points to MLflow from a background thread, in batches.
 
-Training never waits for the tracker: the loop only appends to the journal and a queue, and
-the thread sends at most one request every ``interval_s`` (or per 1000 points).
+Training never waits for the tracker: the workers only append to the journal; this thread
+(in the launcher) sends at most one request every ``interval_s`` (or per 1000 points).
 A failed batch is retried with backoff (the same batch, so order and the cursor stay
 simple); the first failure logs one warning and the recovery one line, never one per step.
 """

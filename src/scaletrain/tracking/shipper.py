@@ -1,0 +1,64 @@
+"""The launcher's side of the metric journal: tail it and ship new points to MLflow.
+
+It runs in the launcher process, which is idle while the workers train. It starts from the
+journal's cursor, so points an earlier attempt could not deliver go first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from scaletrain.tracking.journal import MetricJournal
+from scaletrain.tracking.sender import MetricSender, configure_mlflow_client
+
+__all__ = ["JournalShipper"]
+
+
+class JournalShipper:
+    def __init__(
+        self,
+        tracking_uri: str,
+        run_id: str,
+        journal_dir: str | Path,
+        logger: logging.Logger,
+        poll_s: float = 1.0,
+    ):
+        configure_mlflow_client()
+        self.journal = MetricJournal(journal_dir)
+        self.sender = MetricSender(lambda: _client(tracking_uri), run_id, self.journal, logger)
+        self._poll = poll_s
+        self._offset = 0
+        self._cursor = self.journal.sent_cursor()
+        self._stop = threading.Event()
+        self._tail = threading.Thread(target=self._run, name="scaletrain-journal", daemon=True)
+
+    def start(self) -> JournalShipper:
+        self.sender.start()
+        self._tail.start()
+        return self
+
+    def _read_new(self) -> None:
+        points, self._offset = self.journal.read_from(self._offset)
+        fresh = [p for p in points if p.seq > self._cursor]
+        if fresh:
+            self._cursor = fresh[-1].seq
+            self.sender.submit(fresh)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll):
+            self._read_new()
+
+    def close(self, timeout_s: float) -> int:
+        """Read what the workers wrote last, deliver within ``timeout_s``; return points left."""
+        self._stop.set()
+        self._tail.join()
+        self._read_new()
+        return self.sender.close(timeout_s)
+
+
+def _client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
