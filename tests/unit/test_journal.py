@@ -1,6 +1,12 @@
 from scaletrain.tracking.journal import MetricJournal
 
 
+def pending(journal):
+    """What a shipper sends: the points past the delivered cursor, oldest first."""
+    cursor = journal.sent_cursor()
+    return [p for p in journal.read_from(0)[0] if p.seq > cursor]
+
+
 def test_points_survive_a_reopen_and_the_cursor_says_what_is_left(tmp_path):
     journal = MetricJournal(tmp_path)
     first = journal.append({"train/loss": 1.5, "train/lr": 0.1}, step=1, timestamp_ms=1000)
@@ -11,11 +17,10 @@ def test_points_survive_a_reopen_and_the_cursor_says_what_is_left(tmp_path):
     with open(journal.path, "a") as handle:  # a crash mid-write leaves a torn last line
         handle.write('{"seq": 5, "step": 3, "ts"')
     reopened = MetricJournal(tmp_path)
-    pending = reopened.pending()
-    assert [(p.seq, p.key, p.value, p.step, p.timestamp_ms) for p in pending] == [
+    assert [(p.seq, p.key, p.value, p.step, p.timestamp_ms) for p in pending(reopened)] == [
         (3, "train/loss", 1.2, 2, 2000),
         (4, "train/lr", 0.1, 2, 2000),
     ]
     assert reopened.append({"x": 1.0}, step=3, timestamp_ms=3000)[0].seq == 5
     reopened.close()
-    assert [p.seq for p in MetricJournal(tmp_path).pending()] == [3, 4, 5]
+    assert [p.seq for p in pending(MetricJournal(tmp_path))] == [3, 4, 5]

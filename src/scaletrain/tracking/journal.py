@@ -40,13 +40,7 @@ class MetricJournal:
         self._next_seq = self._last_seq() + 1
 
     def _last_seq(self) -> int:
-        last = 0
-        for point in self._read():
-            last = max(last, point.seq)
-        return last
-
-    def _read(self) -> list[MetricPoint]:
-        return self.read_from(0)[0]
+        return max((point.seq for point in self.read_from(0)[0]), default=0)
 
     def read_from(self, offset: int) -> tuple[list[MetricPoint], int]:
         """Points in the complete lines after byte ``offset``, and the offset to read from next
@@ -102,11 +96,6 @@ class MetricJournal:
 
     def mark_sent(self, seq: int) -> None:
         write_text_atomic(self.cursor_path, str(seq))
-
-    def pending(self) -> list[MetricPoint]:
-        """Points written but not known to be delivered, oldest first."""
-        cursor = self.sent_cursor()
-        return [p for p in self._read() if p.seq > cursor]
 
     def close(self) -> None:
         with self._lock:
