@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from scaletrain.tracking.sender import configure_mlflow_client
+
 __all__ = ["MLFLOW_MODEL_DIR", "save_mlflow_model", "example_input"]
 
 MLFLOW_MODEL_DIR = "mlflow_model"
@@ -37,13 +39,13 @@ def example_input(task: Any, dataset: Any, collate: Any) -> Any:
 
 
 def save_mlflow_model(model: nn.Module, path: str | Path, example: Any) -> Path | None:
-    for name in ("mlflow", "alembic"):
-        logging.getLogger(name).setLevel(logging.ERROR)
     path = Path(path)
     if path.exists():  # a previous attempt's copy
         shutil.rmtree(path)
     try:
         import mlflow.pytorch
+
+        configure_mlflow_client()
 
         torch_version = metadata.version("torch").split("+")[0]
         mlflow.pytorch.save_model(

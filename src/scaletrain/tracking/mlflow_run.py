@@ -12,13 +12,14 @@ import json
 import logging
 import os
 import socket
-import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from scaletrain.config.schema import JobConfig
+from scaletrain.tracking.git_state import git_state
 from scaletrain.tracking.redact import Redactor, flatten, redact_url
+from scaletrain.tracking.sender import configure_mlflow_client
 
 __all__ = ["TrackingRun", "resolve_tracking_uri"]
 
@@ -34,12 +35,6 @@ def resolve_tracking_uri(config: JobConfig | None = None) -> str:
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-
-
-def _quiet_mlflow_logs() -> None:
-    # MLflow and alembic announce schema migrations at INFO on first use of a store.
-    for name in ("mlflow", "alembic"):
-        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 class TrackingRun:
@@ -81,7 +76,7 @@ class TrackingRun:
         from mlflow import MlflowClient
         from mlflow.entities import Param
 
-        _quiet_mlflow_logs()  # after the import: mlflow sets its own level when imported
+        configure_mlflow_client()
 
         uri = resolve_tracking_uri(config)
         client = MlflowClient(tracking_uri=uri)
@@ -156,21 +151,11 @@ def _user() -> str:
 
 def _git_tags() -> dict[str, str]:
     """Commit, branch and dirty flag of the working directory's repository, when there is one."""
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(
-                ["git", *args], capture_output=True, text=True, timeout=10, check=True
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip()
-
-    commit = git("rev-parse", "HEAD")
-    if not commit:
+    state = git_state()
+    if state is None:
         return {}
     return {
-        "mlflow.source.git.commit": commit,
-        "scaletrain.git.branch": git("rev-parse", "--abbrev-ref", "HEAD") or "",
-        "scaletrain.git.dirty": "true" if git("status", "--porcelain", "--untracked-files=no") else "false",
+        "mlflow.source.git.commit": state["commit"],
+        "scaletrain.git.branch": state["branch"],
+        "scaletrain.git.dirty": "true" if state["dirty"] else "false",
     }

@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import socket
-import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -22,12 +21,12 @@ from typing import Any
 import torch
 
 from scaletrain.checkpoint.atomic import write_text_atomic
+from scaletrain.tracking.git_state import git_state
 from scaletrain.tracking.redact import Redactor
 
 __all__ = ["build_run_card", "write_run_card", "data_fingerprint", "compare_run_cards"]
 
 RUN_CARD_FILE = "run_card.json"
-_DIFF_LIMIT = 200_000  # characters of uncommitted diff kept in the card
 
 
 def data_fingerprint(task: Any, dataset: Any, samples: int = 256) -> str:
@@ -81,7 +80,7 @@ def build_run_card(job: dict[str, Any], fingerprint: str, world_size: int) -> di
             "world_size": world_size,
         },
         "os": platform.platform(),
-        "git": _git(),
+        "git": git_state(),
         "seed": job.get("seed"),
         "deterministic": job.get("deterministic"),
         "data_fingerprint": fingerprint,
@@ -125,26 +124,3 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def _git() -> dict[str, Any] | None:
-    def git(*args: str) -> str | None:
-        try:
-            return subprocess.run(
-                ["git", *args], capture_output=True, text=True, timeout=10, check=True
-            ).stdout
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    commit = git("rev-parse", "HEAD")
-    if not commit:
-        return None
-    diff = git("diff", "HEAD") or ""
-    return {
-        "commit": commit.strip(),
-        "branch": (git("rev-parse", "--abbrev-ref", "HEAD") or "").strip(),
-        "dirty": bool(diff),
-        "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None,
-        "diff": diff[:_DIFF_LIMIT],
-        "diff_truncated": len(diff) > _DIFF_LIMIT,
-    }

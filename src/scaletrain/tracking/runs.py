@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import logging
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from scaletrain.errors import ScaletrainError
+from scaletrain.tracking.sender import configure_mlflow_client
 
 __all__ = ["RunNotFound", "list_runs", "find_run", "run_details", "download_json"]
 
@@ -20,8 +20,7 @@ class RunNotFound(ScaletrainError):
 def _client(uri: str) -> Any:
     from mlflow import MlflowClient
 
-    for name in ("mlflow", "alembic"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    configure_mlflow_client()
     return MlflowClient(tracking_uri=uri)
 
 

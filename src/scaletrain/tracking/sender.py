@@ -133,7 +133,12 @@ def _log_batch(client: Any, run_id: str, batch: list[MetricPoint]) -> None:
 
 def configure_mlflow_client() -> None:
     """MLflow retries HTTP calls for minutes by default; we retry ourselves, without blocking.
-    It also prints run URLs on stdout, which belongs to ``--json`` output."""
+    It prints run URLs on stdout, which belongs to ``--json`` output, and it (and alembic)
+    announce schema migrations at INFO. Imports mlflow: its import resets its log level."""
+    import mlflow  # noqa: F401
+
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
