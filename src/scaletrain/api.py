@@ -11,11 +11,11 @@ from typing import Any
 
 from scaletrain.config import job_to_yaml, load_job, parse_job
 from scaletrain.config.schema import JobConfig
-from scaletrain.errors import RunInterrupted, ScaletrainError
+from scaletrain.errors import RunInterrupted, RunPreempted, ScaletrainError
 from scaletrain.tracking.logs import LAUNCHER_LOGGER_NAME, LogContext, setup_logging
 from scaletrain.tracking.redact import Redactor
 
-__all__ = ["run", "resolve_job"]
+__all__ = ["run", "resume", "resolve_job"]
 
 _launcher_log = logging.getLogger(f"{LAUNCHER_LOGGER_NAME}.tracking")
 
@@ -46,31 +46,55 @@ def run(
     """Train a job (a YAML path, a mapping or a JobConfig) and return its summary.
 
     The summary is also written to ``summary.json`` in the run directory. Raises a
-    ScaletrainError (ConfigError, TaskError, WorkerFailedError...) with a user-facing message.
-    ``search_path`` adds folders to import the task from; ``tracking_tags`` go on the MLflow run.
+    ScaletrainError (ConfigError, TaskError, WorkerFailedError, RunPreempted...) with a
+    user-facing message. ``search_path`` adds folders to import the task from;
+    ``tracking_tags`` go on the MLflow run.
     """
-    from scaletrain.distributed.device import threads_per_worker
-    from scaletrain.launch import launcher_for
     from scaletrain.launch.spec import RunSpec
-    from scaletrain.task import check_task_target
 
     started_at = started_at or time.time()
     config, job_search_path = resolve_job(job, overrides)
     search_path = job_search_path + [p for p in (search_path or []) if p not in job_search_path]
-    # Fail before any worker starts if the task does not exist or its args do not fit.
-    check_task_target(config.task.target, config.task.args, search_path)
+    spec = RunSpec.in_dir(config.model_dump(mode="json"), config.run_dir, python_path=search_path)
+    return _launch(config, spec, started_at, tracking_tags)
 
-    workers = config.scale.workers
+
+def resume(
+    target: str | os.PathLike,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    started_at: float | None = None,
+) -> dict[str, Any]:
+    """Continue a stopped, failed or preempted run from its newest verified checkpoint.
+
+    ``target``: a run directory, a scaletrain run id (looked up under ``./runs``) or one
+    checkpoint folder of a run (newer checkpoints of that run are set aside, not deleted).
+    Overrides may change how it runs (``scale.workers``...), not what it computes: a changed
+    global batch is refused by the workers. The MLflow run continues (``scaletrain.attempts``).
+    """
+    from scaletrain.launch.resume import prepare_resume
+
+    started_at = started_at or time.time()
+    spec = prepare_resume(str(target), overrides)
+    config = JobConfig.model_validate(spec.job)
+    return _launch(config, spec, started_at, None)
+
+
+def _launch(
+    config: JobConfig, spec: Any, started_at: float, tracking_tags: dict[str, str] | None
+) -> dict[str, Any]:
+    from scaletrain.distributed.device import threads_per_worker
+    from scaletrain.launch import launcher_for
+    from scaletrain.task import check_task_target
+
+    # Fail before any worker starts if the task does not exist or its args do not fit.
+    check_task_target(config.task.target, config.task.args, spec.python_path)
+    spec.job = config.model_dump(mode="json")
+    spec.threads = threads_per_worker(config.scale.workers, config.scale.threads_per_worker)
+    spec.attempt += 1
     launcher = launcher_for(config)
-    spec = RunSpec.in_dir(
-        config.model_dump(mode="json"),
-        config.run_dir,
-        python_path=search_path,
-        threads=threads_per_worker(workers, config.scale.threads_per_worker),
-    )
-    run_dir = Path(spec.run_dir)
     spec.logs_dir.mkdir(parents=True, exist_ok=True)
-    _write_redacted_job(config, run_dir / "job.yaml")
+    _write_redacted_job(config, Path(spec.run_dir) / "job.yaml")
     undo_logging = setup_logging(
         LogContext(spec.run_id, spec.trace_id, rank=None),
         spec.logs_dir / "launcher.jsonl",
@@ -91,6 +115,7 @@ def _run_attempt(
     run_dir = Path(spec.run_dir)
     workers = config.scale.workers
     tracking, shipper = _start_tracking(config, spec, launcher.name, tracking_tags)
+    spec.write()  # what `scaletrain resume` starts from
 
     summary: dict[str, Any] = {
         "status": "running",
@@ -100,24 +125,31 @@ def _run_attempt(
         "engine": launcher.name,
         "strategy": config.scale.resolved_strategy,
         "world_size": workers,
+        "attempt": spec.attempt,
         "started_at": started_at,
         "mlflow_run_id": tracking.run_id if tracking else None,
     }
     try:
         result = launcher.launch(spec, workers)
     except (ScaletrainError, KeyboardInterrupt) as exc:
-        interrupted = isinstance(exc, (RunInterrupted, KeyboardInterrupt))
+        preempted = isinstance(exc, RunPreempted)
+        interrupted = preempted or isinstance(exc, (RunInterrupted, KeyboardInterrupt))
         summary.update(
-            status="interrupted" if interrupted else "failed",
+            status="preempted" if preempted else "interrupted" if interrupted else "failed",
             error=str(exc) or type(exc).__name__,
             wall_time_s=round(time.time() - started_at, 3),
         )
+        if preempted:
+            summary.update(steps=exc.step, checkpoint_step=exc.checkpoint_step)
         _close(summary, run_dir, tracking, shipper, config, "KILLED" if interrupted else "FAILED")
         raise
     first_step_at = result.get("first_step_at")
     summary.update(
         status="finished",
         steps=result["steps"],
+        resumed_from_step=result.get("resumed_from_step"),
+        restarts=result.get("restarts", 0),
+        checkpoint_step=result.get("last_checkpoint_step"),
         train=result["train"],
         eval=result["eval"],
         wall_time_s=round(time.time() - started_at, 3),
@@ -152,9 +184,12 @@ def _start_tracking(
 
     configure_mlflow_client()
     try:
-        tracking = TrackingRun.start(
-            config, spec.run_id, spec.trace_id, engine, spec.python_path, extra_tags
-        )
+        if spec.tracking_run_id:  # a resumed run continues its MLflow run
+            tracking = TrackingRun.reopen(config, spec.tracking_uri, spec.tracking_run_id, spec.attempt)
+        else:
+            tracking = TrackingRun.start(
+                config, spec.run_id, spec.trace_id, engine, spec.python_path, extra_tags
+            )
     except Exception as exc:
         _launcher_log.warning(
             "tracking is off for this run: cannot create the MLflow run (%s: %s); metrics are "
@@ -197,11 +232,10 @@ def _close(
         tracking.log_artifact(run_dir / "logs", "logs")
         tracking.log_artifact(run_dir / WEIGHTS_FILE, "weights")
         tracking.log_artifact(run_dir / MLFLOW_MODEL_DIR, "model")
-        tracking.finish(
-            status,
-            {"scaletrain.steps": summary.get("steps", 0),
-             "scaletrain.weights_sha256": summary.get("weights_sha256", "")},
-        )
+        tags = {"scaletrain.steps": summary.get("steps", 0)}
+        if summary.get("weights_sha256"):
+            tags["scaletrain.weights_sha256"] = summary["weights_sha256"]
+        tracking.finish(status, tags, restarts=summary.get("restarts", 0))
     except Exception as exc:
         _launcher_log.warning(
             "could not record the end of MLflow run %s (%s: %s); the run directory has it all",

@@ -12,7 +12,10 @@ __all__ = [
     "TaskError",
     "WorkerFailedError",
     "RunInterrupted",
+    "RunPreempted",
 ]
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request with a checkpoint; resumable
 
 
 class ScaletrainError(Exception):
@@ -64,3 +67,23 @@ class RunInterrupted(ScaletrainError):
     def __init__(self, signal_name: str, signal_number: int):
         self.exit_code = 128 + signal_number
         super().__init__(f"interrupted by {signal_name}; the workers were stopped")
+
+
+class RunPreempted(ScaletrainError):
+    """SIGTERM/SIGUSR1 stopped the run at a step all ranks agreed on, after a checkpoint."""
+
+    exit_code = PREEMPTED_EXIT_CODE
+
+    def __init__(self, signal_name: str, step: int, checkpoint_step: int | None, run_dir: str):
+        self.signal_name, self.step, self.checkpoint_step, self.run_dir = (
+            signal_name, step, checkpoint_step, run_dir
+        )
+        saved = (
+            f"checkpoint of step {checkpoint_step} saved"
+            if checkpoint_step is not None
+            else "no checkpoint (checkpoints are off)"
+        )
+        super().__init__(
+            f"preempted by {signal_name} at step {step}; {saved}; continue with: "
+            f"scaletrain resume {run_dir}"
+        )

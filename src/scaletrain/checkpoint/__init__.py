@@ -1,4 +1,5 @@
-"""Checkpoint storage. For now: atomic writes, used for every file a run leaves behind."""
+"""Verified checkpoints: DCP for the state, a manifest of hashes written last, atomic storage
+(local or object storage), retention."""
 
 from scaletrain.checkpoint.atomic import atomic_path, write_text_atomic
 

@@ -18,6 +18,9 @@ __all__ = [
     "TrainConfig",
     "ScaleConfig",
     "TrackingConfig",
+    "CheckpointConfig",
+    "KeepBest",
+    "RecoveryConfig",
 ]
 
 
@@ -142,6 +145,55 @@ class TrackingConfig(Section):
     )
 
 
+class KeepBest(Section):
+    """Keep the K checkpoints with the best value of a metric recorded at their step."""
+
+    metric: str = Field(description="a metric name as logged, e.g. 'eval/loss' or 'train/loss'")
+    mode: Literal["min", "max"] = "min"
+    count: PositiveInt = 1
+
+
+class CheckpointConfig(Section):
+    """Verified checkpoints (torch.distributed.checkpoint + a manifest of hashes)."""
+
+    dir: str | None = Field(
+        None,
+        description="where checkpoints go: a path or an object storage URL (s3://bucket/prefix); "
+        "checkpoints land in <dir>/<job name>/<run id>/. Default: <run dir>/checkpoints",
+    )
+    every_steps: PositiveInt | None = Field(None, description="save every N optimizer steps")
+    every_minutes: PositiveFloat | None = Field(None, description="save every N minutes of training")
+    at_end: bool = Field(True, description="save after the last step")
+    keep_last: PositiveInt = Field(2, description="keep the newest N checkpoints")
+    keep_best: KeepBest | None = Field(None, description="also keep the best K by a metric")
+    keep_every: PositiveInt | None = Field(
+        None, description="also keep every checkpoint whose step is a multiple of N"
+    )
+    async_save: bool = Field(
+        False, description="write in a background thread; training stalls only to copy the state"
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.every_steps or self.every_minutes or self.at_end)
+
+
+class RecoveryConfig(Section):
+    """What happens when a worker fails, hangs or is preempted."""
+
+    max_restarts: NonNegativeInt = Field(
+        0, description="restart all workers from the newest verified checkpoint up to N times"
+    )
+    grace_period_s: PositiveFloat = Field(
+        60.0, description="on SIGTERM/SIGUSR1: time to agree on a step and checkpoint before a kill"
+    )
+    hang_timeout_s: PositiveFloat = Field(
+        900.0,
+        description="a rank that makes no progress for this long dumps every thread's stack and "
+        "ends the attempt (counts as a failure)",
+    )
+
+
 class JobConfig(Section):
     """A whole training job, as written in a YAML job file."""
 
@@ -152,6 +204,8 @@ class JobConfig(Section):
     train: TrainConfig
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
     seed: NonNegativeInt = 0
     deterministic: bool = Field(False, description="use deterministic kernels (slower)")
     run_dir: str = Field("runs", description="where run directories are created")

@@ -12,17 +12,20 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from scaletrain.checkpoint.manager import CheckpointError, CheckpointManager
 from scaletrain.config.schema import JobConfig
 from scaletrain.data.loader import eval_loader, train_loader
 from scaletrain.data.sampler import DataLayout, derive_seed
 from scaletrain.distributed.device import Placement, autocast, seed_rng
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.process_group import all_reduce_mean
+from scaletrain.engine.control import Control, StopRequest
 from scaletrain.engine.evaluate import evaluate
 from scaletrain.engine.optim import build_optimizer
 from scaletrain.engine.schedule import LRSchedule, build_scheduler
 from scaletrain.engine.weights import state_dict_sha256
 from scaletrain.errors import ScaletrainError
+from scaletrain.faults import FaultPlan
 from scaletrain.strategies import get_strategy
 from scaletrain.task import split_loss_output
 from scaletrain.tracking.reporter import Reporter
@@ -42,7 +45,10 @@ class TrainResult:
     train: dict[str, float] = field(default_factory=dict)
     eval: dict[str, float] = field(default_factory=dict)
     weights_sha256: str = ""
-    first_step_at: float | None = None  # wall clock when step 1 finished
+    first_step_at: float | None = None  # wall clock when the first step of this attempt finished
+    resumed_from_step: int | None = None
+    preempted: str | None = None  # the signal that stopped training early, after a checkpoint
+    last_checkpoint_step: int | None = None
 
 
 class Trainer:
@@ -53,10 +59,15 @@ class Trainer:
         env: DistEnv,
         placement: Placement,
         reporter: Reporter,
+        checkpoints: CheckpointManager | None = None,
+        control: Control | None = None,
+        faults: FaultPlan | None = None,
     ):
         self.job, self.task, self.env, self.placement, self.reporter = (
             job, task, env, placement, reporter
         )
+        self.checkpoints, self.faults = checkpoints, faults
+        self.control = control or Control(env.is_distributed, StopRequest(), None, None)
         self.device = placement.device
         self.strategy = get_strategy(job.scale.resolved_strategy)
 
@@ -96,6 +107,8 @@ class Trainer:
             ),
         )
         self.step = 0  # optimizer steps completed
+        self.resumed_from_step: int | None = None
+        self.last_metrics: dict[str, float] = {}  # the newest train/* and eval/* values
         tracking_every = job.tracking.log_every_steps if job.tracking.enabled else None
         self.report_every = min(job.train.log_every, tracking_every or job.train.log_every)
 
@@ -116,10 +129,11 @@ class Trainer:
             pin_memory=self.device.type == "cuda",
         )
         batches = iter(loader)
-        result = TrainResult(steps=self.step)
+        result = TrainResult(steps=self.step, resumed_from_step=self.resumed_from_step)
         self.reporter.on_start(total_steps=self.max_steps, start_step=self.step)
         window = _Window(time.perf_counter(), self.step)
         self.model.train()
+        every_steps = self.job.checkpoint.every_steps if self.checkpoints else None
         while self.step < self.max_steps:
             step_out = self.train_step(batches, report=self._due(self.report_every))
             self.step += 1
@@ -131,13 +145,92 @@ class Trainer:
                 window = _Window(time.perf_counter(), self.step)
             if self.eval_set is not None and train.eval_every and self.step % train.eval_every == 0:
                 result.eval = self.run_eval()
+            if self.faults is not None and self.faults.active:
+                self.faults.after_step(self.step)
             self.reporter.on_step(self.step)
-        if self.eval_set is not None and (not train.eval_every or self.step % train.eval_every):
+            decision = self.control.check(
+                self.step,
+                async_ready=self.checkpoints is None or self.checkpoints.pending_ready,
+                async_pending=self.checkpoints is not None and self.checkpoints.has_pending,
+            )
+            if decision.commit:
+                self.checkpoints.wait_pending()
+            if decision.stop:
+                # Every rank agreed on this step: checkpoint it and stop cleanly.
+                result.preempted = decision.stop
+                log.warning("stopping at step %d on %s", self.step, decision.stop)
+                break
+            # The last step's checkpoint is written after the final evaluation, below.
+            if self.checkpoints and self.step < self.max_steps and (
+                decision.save or (every_steps and self.step % every_steps == 0)
+            ):
+                self.save_checkpoint()
+        if result.preempted is None and self.eval_set is not None and (
+            not train.eval_every or self.step % train.eval_every
+        ):
             result.eval = self.run_eval()
+        if self.checkpoints is not None:
+            self.checkpoints.wait_pending()
+            due = result.preempted or self.job.checkpoint.at_end or (
+                every_steps and self.step % every_steps == 0
+            )
+            if due and self.checkpoints.last_saved_step != self.step:
+                self.save_checkpoint()
+            self.checkpoints.close()
+            result.last_checkpoint_step = self.checkpoints.last_saved_step
         result.steps = self.step
         result.weights_sha256 = state_dict_sha256(self.strategy.unwrap(self.model).state_dict())
         self.reporter.on_end()
         return result
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def trainer_state(self) -> dict[str, Any]:
+        scheduler = self.scheduler.state_dict()
+        scheduler["lr_lambdas"] = [None] * len(scheduler["lr_lambdas"])  # rebuilt from the job
+        return {
+            "step": self.step,
+            "epoch": self.step // self.layout.steps_per_epoch,
+            "samples": self.step * self.layout.global_batch,
+            "global_batch": self.layout.global_batch,
+            "scheduler": scheduler,
+        }
+
+    def _pet_watchdog(self) -> None:
+        if self.control.watchdog is not None:
+            self.control.watchdog.arm()
+
+    def save_checkpoint(self) -> None:
+        self._pet_watchdog()
+        self.checkpoints.save(
+            self.step, self.model, self.optimizer, self.trainer_state(), self.last_metrics
+        )
+        self.control.saved()
+
+    def restore(self, only: str | None = None) -> int | None:
+        """Resume from the newest verified checkpoint (or the one named ``only``); the step."""
+        if self.checkpoints is None:
+            return None
+        restored = self.checkpoints.restore_latest(self.model, self.optimizer, only)
+        if restored is None:
+            return None
+        state = restored.trainer_state
+        if state.get("global_batch") != self.layout.global_batch:
+            raise CheckpointError(
+                f"checkpoint {restored.name} was trained with a global batch of "
+                f"{state.get('global_batch')} samples, this job has {self.layout.global_batch}; "
+                "set data.batch_size x scale.workers x train.grad_accum to match, so the resumed "
+                "run reads the same batches"
+            )
+        expected = self.checkpoints.identity.get("config_hash")
+        if state.get("config_hash") and state["config_hash"] != expected:
+            log.warning(
+                "checkpoint %s was written by a different job configuration (config hash %s, "
+                "this job %s): resuming anyway", restored.name, state["config_hash"], expected,
+            )
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = self.resumed_from_step = restored.step
+        return restored.step
 
     def train_step(self, batches: Any, report: bool) -> _StepOutput:
         accum = self.job.train.grad_accum
@@ -177,6 +270,7 @@ class Trainer:
         )
 
     def run_eval(self) -> dict[str, float]:
+        self._pet_watchdog()
         loader = eval_loader(
             self.eval_set,
             batch_size=self.job.data.batch_size,
@@ -193,6 +287,7 @@ class Trainer:
             self._to_device,
             lambda: autocast(self.device, self.job.train.precision),
         )
+        self.last_metrics.update({f"eval/{k}": v for k, v in metrics.items()})
         self.reporter.on_eval_metrics(self.step, metrics)
         return metrics
 
@@ -222,6 +317,7 @@ class Trainer:
         metrics["step_time_s"] = elapsed / steps
         metrics["samples_per_s"] = steps * self.layout.global_batch / elapsed
         metrics["data_wait_s"] = window.data_wait / steps
+        self.last_metrics.update({f"train/{k}": v for k, v in metrics.items()})
         self.reporter.on_train_metrics(self.step, metrics)
         return metrics
 

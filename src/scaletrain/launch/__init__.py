@@ -9,11 +9,12 @@ __all__ = ["Launcher", "launcher_for"]
 
 
 def launcher_for(job: JobConfig) -> Launcher:
-    """One worker runs in-process; more go to the job's engine."""
-    if job.scale.workers == 1:
+    """One worker runs in-process, unless it must survive its own death (restarts); more go to
+    the job's engine."""
+    if job.scale.workers == 1 and job.recovery.max_restarts == 0:
         from scaletrain.launch.inprocess import InProcessLauncher
 
         return InProcessLauncher()
     from scaletrain.launch.local import LocalLauncher
 
-    return LocalLauncher()
+    return LocalLauncher(job.recovery.max_restarts, job.recovery.grace_period_s)

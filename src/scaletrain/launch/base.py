@@ -7,10 +7,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
-from scaletrain.errors import WorkerFailedError
+from scaletrain.errors import RunPreempted, WorkerFailedError
 from scaletrain.launch.spec import RunSpec
 
-__all__ = ["Launcher", "worker_error"]
+__all__ = ["Launcher", "worker_error", "checked_result"]
 
 
 class Launcher(ABC):
@@ -49,6 +49,14 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str]) 
     """
     ranks = sorted(set(ranks) | set(fallback))
     errors = {rank: e for rank in ranks if (e := _read_error(spec, rank)) is not None}
+    hung = _hung_ranks(spec, ranks)
+    if hung and not errors:  # the watchdog ended them: that is the story, not their exit code
+        timeout = spec.job.get("recovery", {}).get("hang_timeout_s")
+        fallback = {
+            r: f"made no progress for {timeout:g} s (hang watchdog); every thread's stack is in "
+            f"{spec.worker_stacks(r)}"
+            for r in hung
+        }
     bad_input = False
     if errors:
         rank = min(errors, key=lambda r: (_is_echo(errors[r]), errors[r].get("timestamp", 0)))
@@ -69,3 +77,21 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str]) 
         log_path=log_path,
         bad_input=bad_input,
     )
+
+
+def _hung_ranks(spec: RunSpec, ranks: Iterable[int]) -> list[int]:
+    found = []
+    for rank in ranks:
+        path = spec.worker_stacks(rank)
+        if path.exists() and path.stat().st_size > 0:
+            found.append(rank)
+    return found
+
+
+def checked_result(spec: RunSpec, result: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's result, or RunPreempted when the workers stopped early on a signal."""
+    if result.get("preempted"):
+        raise RunPreempted(
+            result["preempted"], result["steps"], result.get("last_checkpoint_step"), spec.run_dir
+        )
+    return result

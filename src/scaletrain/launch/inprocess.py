@@ -6,7 +6,7 @@ from typing import Any
 
 from scaletrain.distributed.env import DistEnv
 from scaletrain.errors import ScaletrainError
-from scaletrain.launch.base import Launcher, worker_error
+from scaletrain.launch.base import Launcher, checked_result, worker_error
 from scaletrain.launch.spec import RunSpec
 from scaletrain.launch.worker import run_worker
 
@@ -20,8 +20,9 @@ class InProcessLauncher(Launcher):
         assert workers == 1, "the in-process launcher runs exactly one worker"
         try:
             # An explicit env: a stray RANK/WORLD_SIZE in the shell must not change the job.
-            return run_worker(spec, DistEnv())
+            result = run_worker(spec, DistEnv())
         except ScaletrainError:
             raise
         except Exception as exc:
             raise worker_error(spec, [0], {0: f"{type(exc).__name__}: {exc}"}) from exc
+        return checked_result(spec, result)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from scaletrain.errors import RunInterrupted
-from scaletrain.launch.base import Launcher, worker_error
+from scaletrain.launch.base import Launcher, checked_result, worker_error
 from scaletrain.launch.spec import RunSpec
 from scaletrain.tracking.logs import JsonFormatter
 
@@ -29,8 +30,9 @@ _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
 class LocalLauncher(Launcher):
     name = "local"
 
-    def __init__(self, max_restarts: int = 0):
+    def __init__(self, max_restarts: int = 0, grace_period_s: float = 60.0):
         self.max_restarts = max_restarts
+        self.grace_period_s = grace_period_s
 
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -51,19 +53,42 @@ class LocalLauncher(Launcher):
             start_method="spawn",
             local_addr="127.0.0.1",
             logs_specs=DefaultLogsSpecs(log_dir=str(spec.logs_dir / "elastic")),
+            # The agent forwards these to the workers, which checkpoint and stop (preemption);
+            # torchrun forwards no SIGUSR1 (pytorch #154849). LaunchConfig's field overrides
+            # TORCHELASTIC_SIGNALS_TO_HANDLE, so it is set here.
+            signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+            # How long the workers get to checkpoint before SIGKILL (torchrun: 30 s).
+            shutdown_timeout=max(1, int(self.grace_period_s)),
         )
         spec_file = spec.write()
+        spec.worker_result().unlink(missing_ok=True)
         restore = _route_torch_logs(spec.logs_dir / "launcher.jsonl")
+        # A fresh rendezvous store per attempt: with the shared one, a restarted gloo rank can
+        # connect to the previous attempt's dead peer (torch 2.13; seen with plain torchrun too).
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         try:
             elastic_launch(config, sys.executable)("-m", "scaletrain.launch.worker", str(spec_file))
         except ChildFailedError as exc:
             exits = {rank: _describe_exit(f.exitcode) for rank, f in exc.failures.items()}
             raise worker_error(spec, range(workers), exits) from None
-        except SignalException as exc:  # the agent has already stopped the workers
+        except SignalException as exc:  # the agent has stopped the workers (with the signal)
+            result = _read_result(spec)
+            if result is not None and result.get("preempted"):
+                checked_result(spec, result)
             raise RunInterrupted(exc.sigval.name, int(exc.sigval)) from None
         finally:
             restore()
+        result = _read_result(spec)
+        if result is None:
+            raise worker_error(spec, range(workers), {0: "rank 0 left no result"})
+        return checked_result(spec, result)
+
+
+def _read_result(spec: RunSpec) -> dict[str, Any] | None:
+    try:
         return json.loads(spec.worker_result().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _describe_exit(exitcode: int) -> str:

@@ -29,6 +29,7 @@ class RunSpec:
     threads: int = 1  # intra-op threads per worker
     tracking_uri: str | None = None  # MLflow: where rank 0 sends metrics
     tracking_run_id: str | None = None  # the job's one MLflow run, created by the launcher
+    attempt: int = 0  # launches of this run: 1 for `run`, +1 for each `scaletrain resume`
 
     @property
     def logs_dir(self) -> Path:
@@ -39,6 +40,9 @@ class RunSpec:
 
     def worker_error(self, rank: int) -> Path:
         return self.logs_dir / f"worker-{rank}.error.json"
+
+    def worker_stacks(self, rank: int) -> Path:
+        return self.logs_dir / f"worker-{rank}.stacks.txt"
 
     def worker_result(self) -> Path:
         return self.logs_dir / "worker-0.result.json"

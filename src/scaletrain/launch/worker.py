@@ -17,11 +17,17 @@ import threading
 import time
 import traceback
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import default_collate
 
+from scaletrain import __version__
 from scaletrain.checkpoint.atomic import write_text_atomic
+from scaletrain.checkpoint.location import checkpoint_location, config_hash
+from scaletrain.checkpoint.manager import CheckpointManager
+from scaletrain.checkpoint.retention import RetentionPolicy
 from scaletrain.config.schema import JobConfig
 from scaletrain.distributed.device import (
     Placement,
@@ -31,7 +37,9 @@ from scaletrain.distributed.device import (
 )
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.process_group import process_group
+from scaletrain.engine.control import Control, StopRequest, Watchdog
 from scaletrain.engine.trainer import Trainer, TrainResult
+from scaletrain.faults import FaultPlan
 from scaletrain.engine.weights import save_weights
 from scaletrain.launch.spec import RunSpec
 from scaletrain.task import build_task
@@ -68,6 +76,11 @@ def run_worker(spec: RunSpec, env: DistEnv | None = None) -> dict[str, Any]:
         context, spec.worker_log(env.rank), redactor=Redactor.for_config(spec.job)
     )
     reporter = _reporter_for(env, spec, job, context)
+    # Armed from the start: a rendezvous or a resume that hangs is caught too.
+    watchdog = Watchdog(job.recovery.hang_timeout_s, spec.worker_stacks(env.rank))
+    watchdog.arm()
+    stop = StopRequest()
+    restore_signals = stop.install()
     try:
         apply_threads(spec.threads)
         set_determinism(job.deterministic)
@@ -83,7 +96,8 @@ def run_worker(spec: RunSpec, env: DistEnv | None = None) -> dict[str, Any]:
             },
         )
         with process_group(env, placement):
-            result = _train(spec, job, env, placement, reporter)
+            control = Control(env.is_distributed, stop, watchdog, _save_every_s(job))
+            result = _train(spec, job, env, placement, reporter, control)
             # Free DDP and its communication state while every peer is still connected:
             # a reducer torn down after the group is gone can block on a departed rank.
             gc.collect()
@@ -98,16 +112,65 @@ def run_worker(spec: RunSpec, env: DistEnv | None = None) -> dict[str, Any]:
         _write_error(spec, env.rank, exc, Redactor.for_config(spec.job))
         raise
     finally:
+        restore_signals()
+        watchdog.close()
         reporter.on_end()
         undo_logging()
 
 
+def _save_every_s(job: JobConfig) -> float | None:
+    minutes = job.checkpoint.every_minutes
+    return minutes * 60 if minutes and job.checkpoint.enabled else None
+
+
+def restart_count() -> int:
+    """Which attempt of this launch this is (torch elastic counts restarts; 0 elsewhere)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def _checkpoints(spec: RunSpec, job: JobConfig, env: DistEnv, faults: FaultPlan) -> CheckpointManager | None:
+    if not job.checkpoint.enabled:
+        return None
+    policy = RetentionPolicy(
+        keep_last=job.checkpoint.keep_last,
+        best_metric=job.checkpoint.keep_best.metric if job.checkpoint.keep_best else None,
+        best_mode=job.checkpoint.keep_best.mode if job.checkpoint.keep_best else "min",
+        best_count=job.checkpoint.keep_best.count if job.checkpoint.keep_best else 1,
+        keep_every=job.checkpoint.keep_every,
+    )
+    return CheckpointManager(
+        checkpoint_location(job, spec.run_id, spec.run_dir),
+        rank=env.rank,
+        world_size=env.world_size,
+        strategy=job.scale.resolved_strategy,
+        scratch_dir=Path(spec.run_dir),
+        identity={
+            "run_id": spec.run_id,
+            "run_dir": spec.run_dir,
+            "mlflow_run_id": spec.tracking_run_id,
+            "config_hash": config_hash(job),
+            "versions": {"scaletrain": __version__, "torch": torch.__version__},
+        },
+        policy=policy,
+        async_save=job.checkpoint.async_save,
+        fault_hook=faults.during_checkpoint if faults.active else None,
+    )
+
+
 def _train(
-    spec: RunSpec, job: JobConfig, env: DistEnv, placement: Placement, reporter: Reporters
+    spec: RunSpec, job: JobConfig, env: DistEnv, placement: Placement, reporter: Reporters,
+    control: Control,
 ) -> TrainResult:
-    """Build and fit; the trainer (model, DDP, optimizer) dies with this frame."""
+    """Build, resume if there is a checkpoint, fit; the trainer (model, DDP, optimizer) dies
+    with this frame."""
     task = build_task(job.task.target, job.task.args, spec.python_path)
-    trainer = Trainer(job, task, env, placement, reporter)
+    faults = FaultPlan(env.rank, restart_count())
+    trainer = Trainer(
+        job, task, env, placement, reporter,
+        checkpoints=_checkpoints(spec, job, env, faults), control=control, faults=faults,
+    )
+    if trainer.restore() is not None:
+        log.info("resumed", extra={"step": trainer.step, "attempt": restart_count()})
     card_writer = None
     if env.is_main:  # off the critical path: the card is written while training starts
         card_writer = threading.Thread(
@@ -117,7 +180,7 @@ def _train(
     result = trainer.fit()
     if card_writer is not None:
         card_writer.join()
-    if env.is_main:
+    if env.is_main and result.preempted is None:
         model = trainer.strategy.unwrap(trainer.model)
         save_weights(
             model,
@@ -188,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:  # already logged and written to this rank's error file
         return 1
     if env.is_main:
-        write_text_atomic(spec.worker_result(), json.dumps(result))
+        write_text_atomic(spec.worker_result(), json.dumps({**result, "restarts": restart_count()}))
     return 0
 
 

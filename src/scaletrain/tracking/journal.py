@@ -42,6 +42,15 @@ class MetricJournal:
     def _last_seq(self) -> int:
         return max((point.seq for point in self.read_from(0)[0]), default=0)
 
+    def last_steps(self) -> dict[str, int]:
+        """The highest step journaled per metric prefix (``train``, ``eval``): after a restart
+        the redone steps are not journaled twice."""
+        last: dict[str, int] = {}
+        for point in self.read_from(0)[0]:
+            prefix = point.key.split("/", 1)[0]
+            last[prefix] = max(last.get(prefix, 0), point.step)
+        return last
+
     def read_from(self, offset: int) -> tuple[list[MetricPoint], int]:
         """Points in the complete lines after byte ``offset``, and the offset to read from next
         (a line still being written is left for the next call)."""

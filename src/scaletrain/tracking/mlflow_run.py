@@ -96,6 +96,18 @@ class TrackingRun:
         log.info("tracking run %s in experiment '%s' at %s", run.info.run_id, name, redact_url(uri))
         return cls(client, run.info.run_id, uri, redactor)
 
+    @classmethod
+    def reopen(cls, config: JobConfig, uri: str | None, run_id: str, attempt: int) -> TrackingRun:
+        """Continue the job's run after a resume: RUNNING again, one more attempt counted."""
+        from mlflow import MlflowClient
+
+        uri = uri or resolve_tracking_uri(config)
+        client = MlflowClient(tracking_uri=uri)
+        client.update_run(run_id, status="RUNNING")
+        client.set_tag(run_id, "scaletrain.attempts", str(attempt))
+        log.info("continuing tracking run %s (attempt %d) at %s", run_id, attempt, redact_url(uri))
+        return cls(client, run_id, uri, Redactor.for_config(config.model_dump(mode="json")))
+
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         path = Path(path)
         if path.is_dir():
@@ -103,12 +115,15 @@ class TrackingRun:
         elif path.exists():
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
-    def finish(self, status: str, tags: dict[str, str] | None = None) -> None:
-        """``status``: FINISHED, FAILED or KILLED."""
+    def finish(self, status: str, tags: dict[str, Any] | None = None, restarts: int = 0) -> None:
+        """``status``: FINISHED, FAILED or KILLED. ``restarts``: this attempt's worker restarts,
+        added to the run's count."""
         if self.system_metrics is not None:
             self.system_metrics.finish()
             self.system_metrics = None
-        for key, value in (tags or {}).items():
+        previous = self.client.get_run(self.run_id).data.tags.get("scaletrain.restarts", "0")
+        tags = {**(tags or {}), "scaletrain.restarts": int(previous) + int(restarts)}
+        for key, value in tags.items():
             self.client.set_tag(self.run_id, key, self.redactor.text(str(value)))
         self.client.set_terminated(self.run_id, status)
 
@@ -126,6 +141,7 @@ def _run_tags(config: JobConfig, local_run_id: str, trace_id: str, engine: str, 
         "scaletrain.engine": engine,
         "scaletrain.strategy": config.scale.resolved_strategy,
         "scaletrain.world_size": str(config.scale.workers),
+        "scaletrain.attempts": "1",
         "scaletrain.host": socket.gethostname(),
         "scaletrain.version": _version("scaletrain"),
         "scaletrain.torch_version": _version("torch"),

@@ -21,11 +21,15 @@ class MlflowReporter(NullReporter):
         self.journal = MetricJournal(journal_dir)
         self.every = every
         self.total_steps = 0
+        self.recorded: dict[str, int] = {}
 
     def on_start(self, total_steps: int, start_step: int) -> None:
         self.total_steps = total_steps
+        self.recorded = self.journal.last_steps()
 
     def _record(self, prefix: str, step: int, metrics: dict[str, float]) -> None:
+        if step <= self.recorded.get(prefix, 0):  # redone after a restart: already journaled
+            return
         self.journal.append(
             {f"{prefix}/{k}": v for k, v in metrics.items()}, step, int(time.time() * 1000)
         )

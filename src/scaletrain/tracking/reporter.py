@@ -72,12 +72,15 @@ class MetricsFile(NullReporter):
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._file: IO[str] | None = None
+        self._written: dict[str, int] = {}
 
     def on_start(self, total_steps: int, start_step: int) -> None:
+        self._written = _last_rows(self.path)
         self._file = open(self.path, "a", encoding="utf-8")
 
     def _write(self, split: str, step: int, metrics: dict[str, float]) -> None:
-        if self._file is not None:
+        # Steps redone after a restart from a checkpoint are already here (and identical).
+        if self._file is not None and step > self._written.get(split, 0):
             self._file.write(json.dumps({"split": split, "step": step, **metrics}) + "\n")
             self._file.flush()
 
@@ -110,3 +113,17 @@ class LogReporter(NullReporter):
 
     def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
         self.logger.info("eval metrics", extra={"step": step, "metrics": metrics})
+
+
+def _last_rows(path: Path) -> dict[str, int]:
+    """The last step per split in an existing metrics file (a torn last line is skipped)."""
+    last: dict[str, int] = {}
+    if not path.exists():
+        return last
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+            last[row["split"]] = max(last.get(row["split"], 0), int(row["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return last

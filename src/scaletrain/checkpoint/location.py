@@ -1,0 +1,43 @@
+"""Where a run's checkpoints go, and the hash that says whether a checkpoint fits a job."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from scaletrain.config.schema import JobConfig
+
+__all__ = ["checkpoint_location", "config_hash", "global_batch"]
+
+
+def checkpoint_location(job: JobConfig, run_id: str, run_dir: str | Path) -> str:
+    """``checkpoint.dir/<job>/<run id>``, or ``<run dir>/checkpoints`` when no dir is set."""
+    if job.checkpoint.dir is None:
+        return str(Path(run_dir) / "checkpoints")
+    base = job.checkpoint.dir.rstrip("/")
+    if "://" not in base:
+        base = str(Path(base).expanduser().resolve())
+    return f"{base}/{job.name}/{run_id}"
+
+
+def global_batch(job: JobConfig) -> int:
+    return job.data.batch_size * job.scale.workers * job.train.grad_accum
+
+
+def config_hash(job: JobConfig) -> str:
+    """What decides the numbers of training: task, optimizer, schedule length, seed, global batch.
+    Not how many workers share it, where files go or how often anything is logged."""
+    data = job.model_dump(mode="json")
+    train = {k: v for k, v in data["train"].items() if k not in ("log_every", "eval_every")}
+    relevant: dict[str, Any] = {
+        "task": data["task"],
+        "optim": data["optim"],
+        "train": train,
+        "seed": data["seed"],
+        "shuffle": data["data"]["shuffle"],
+        "global_batch": global_batch(job),
+    }
+    text = json.dumps(relevant, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

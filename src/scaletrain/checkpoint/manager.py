@@ -1,0 +1,331 @@
+"""Save and restore training state through torch.distributed.checkpoint (DCP).
+
+A checkpoint holds the model and optimizer (DCP: each rank writes its shards, so one written by N
+workers loads on M), plus ``trainer.json`` (step, epoch, samples, LR schedule, run ids, config
+hash). Every rank hashes the files it wrote; rank 0 writes the manifest last (storage.py). Loading
+verifies every hash before DCP reads a byte, and falls back to the previous checkpoint with one
+warning when the newest is damaged.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import shutil
+import threading
+import time
+import warnings
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from scaletrain.checkpoint.manifest import FileEntry, Manifest, ManifestError, hash_files
+from scaletrain.checkpoint.retention import RetentionPolicy, to_delete
+from scaletrain.checkpoint.storage import CheckpointStorage, checkpoint_name, open_storage, step_of
+from scaletrain.errors import ScaletrainError
+
+__all__ = ["CheckpointManager", "Restored", "TRAINER_STATE_FILE", "CheckpointError"]
+
+TRAINER_STATE_FILE = "trainer.json"
+log = logging.getLogger("scaletrain.checkpoint")
+
+# DCP announces "assuming single process" on every call without a process group.
+warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process.*")
+
+
+class CheckpointError(ScaletrainError):
+    """A checkpoint cannot be used (message says why and what to do)."""
+
+
+@dataclass
+class Restored:
+    name: str
+    step: int
+    trainer_state: dict[str, Any]
+
+
+class _SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default planner unpickles non-tensor items with ``weights_only=False``; ours
+    reads them with the restricted unpickler (optimizer hyperparameters are plain data)."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        loaded = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._nested_dict import set_element  # noqa: PLC0415
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+@dataclass
+class _Pending:
+    """An async save in flight on this rank."""
+
+    name: str
+    step: int
+    staging: Path
+    metrics: dict[str, float]
+    done: threading.Event
+    entries: dict[str, FileEntry] | None = None
+    error: BaseException | None = None
+
+
+class CheckpointManager:
+    def __init__(
+        self,
+        location: str,
+        *,
+        rank: int,
+        world_size: int,
+        strategy: str,
+        scratch_dir: Path,
+        identity: dict[str, Any],
+        policy: RetentionPolicy,
+        async_save: bool = False,
+        fault_hook: Any = None,
+    ):
+        self.storage: CheckpointStorage = open_storage(location)
+        self.rank, self.world_size, self.strategy = rank, world_size, strategy
+        self.scratch_dir = Path(scratch_dir)
+        self.identity = identity  # run_id, mlflow_run_id, config_hash, global_batch, versions
+        self.policy = policy
+        self.async_save = async_save
+        self.fault_hook = fault_hook
+        self.distributed = dist.is_available() and dist.is_initialized()
+        # Checkpoint collectives get their own gloo group: an async save's background thread
+        # must never interleave with the training collectives on the default group.
+        self.group = dist.new_group(backend="gloo") if self.distributed else None
+        self._pending: _Pending | None = None
+        self._stager: Any = None
+        self._retention: threading.Thread | None = None
+        self.last_saved_step: int | None = None
+
+    # ------------------------------------------------------------------ save
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             trainer_state: dict[str, Any], metrics: dict[str, float]) -> None:
+        """Write a checkpoint of ``step``. Synchronous unless async_save; every rank calls it."""
+        self.wait_pending()
+        name = checkpoint_name(step)
+        staging = self.storage.staging_dir(name, self.scratch_dir)
+        if self.rank == 0:
+            for removed in self.storage.sweep_incomplete():
+                log.info("removed an unfinished checkpoint save: %s", removed)
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            state = {**trainer_state, **self.identity, "step": step, "world_size": self.world_size}
+            (staging / TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
+        self._barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions())
+        state_dict = {"model": model_sd, "optim": optim_sd}
+        if not self.async_save:
+            dcp.save(state_dict, checkpoint_id=str(staging), process_group=self.group)
+            self._crash_point(step)
+            entries = self._hash_and_publish(name, staging)
+            self._commit(name, step, staging, metrics, entries)
+            return
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager is None:  # reused: its CPU copies of the state are allocated once
+            self._stager = DefaultStager(StagingOptions(False, False, False, False))
+        future = dcp.async_save(
+            state_dict, checkpoint_id=str(staging), process_group=self.group, async_stager=self._stager
+        )
+        pending = _Pending(name, step, staging, metrics, threading.Event())
+        threading.Thread(
+            target=self._finish_in_background, args=(pending, future), daemon=True,
+            name="scaletrain-ckpt",
+        ).start()
+        self._pending = pending
+
+    def _finish_in_background(self, pending: _Pending, future: Future) -> None:
+        try:
+            future.result()
+            self._crash_point(pending.step)
+            pending.entries = self._own_files_hashed(pending.staging)
+            self.storage.publish(pending.name, pending.staging, list(pending.entries))
+        except BaseException as exc:  # reported by the main thread at the commit
+            pending.error = exc
+        finally:
+            pending.done.set()
+
+    @property
+    def pending_ready(self) -> bool:
+        """True when no async save is in flight on this rank, or when it finished writing."""
+        return self._pending is None or self._pending.done.is_set()
+
+    @property
+    def has_pending(self) -> bool:
+        return self._pending is not None
+
+    def wait_pending(self) -> None:
+        """Finish (and commit) an async save in flight; every rank calls it at the same point."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        pending.done.wait()
+        failed = torch.tensor([1.0 if pending.error else 0.0])
+        if self.distributed:
+            dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
+        if pending.error is not None:
+            raise CheckpointError(
+                f"saving checkpoint {pending.name} failed: {type(pending.error).__name__}: {pending.error}"
+            ) from pending.error
+        if failed.item():
+            raise CheckpointError(f"saving checkpoint {pending.name} failed on another rank")
+        self._commit(pending.name, pending.step, pending.staging, pending.metrics, pending.entries or {})
+
+    def _hash_and_publish(self, name: str, staging: Path) -> dict[str, FileEntry]:
+        entries = self._own_files_hashed(staging)
+        self.storage.publish(name, staging, list(entries))
+        return entries
+
+    def _own_files_hashed(self, staging: Path) -> dict[str, FileEntry]:
+        """Each rank hashes the files it wrote (DCP names them ``__<rank>_<n>.distcp``)."""
+        own = re.compile(rf"^__{self.rank}_\d+\.distcp$")
+        names = [p.name for p in staging.iterdir() if own.match(p.name)]
+        if self.rank == 0:
+            names += [".metadata", TRAINER_STATE_FILE]
+        return hash_files(staging, sorted(names))
+
+    def _commit(self, name: str, step: int, staging: Path, metrics: dict[str, float],
+                entries: dict[str, FileEntry]) -> None:
+        gathered: list[Any] = [entries]
+        if self.distributed:
+            gathered = [None] * self.world_size
+            dist.all_gather_object(gathered, entries, group=self.group)
+        self.last_saved_step = step
+        if self.rank != 0:
+            return
+        files: dict[str, FileEntry] = {}
+        for part in gathered:
+            files.update(part)
+        manifest = Manifest(
+            step=step,
+            world_size=self.world_size,
+            strategy=self.strategy,
+            files=files,
+            metrics={k: float(v) for k, v in metrics.items()},
+            run_id=self.identity.get("run_id", ""),
+            mlflow_run_id=self.identity.get("mlflow_run_id"),
+            config_hash=self.identity.get("config_hash", ""),
+            created_at=time.time(),
+            versions=self.identity.get("versions", {}),
+        )
+        self.storage.commit(name, staging, manifest)
+        log.info("checkpoint saved", extra={"checkpoint": self.storage.describe(name),
+                                            "bytes": manifest.total_bytes})
+        self._apply_retention()
+
+    def _apply_retention(self) -> None:
+        """Off the training thread: deleting old checkpoints can take a while on object storage."""
+        if self._retention is not None:
+            self._retention.join()
+        self._retention = threading.Thread(target=self._retain, daemon=True, name="scaletrain-retain")
+        self._retention.start()
+
+    def _retain(self) -> None:
+        try:
+            committed = self.committed_manifests()
+            for name in to_delete(committed, self.policy):
+                try:
+                    self.storage.delete(name)
+                    log.info("deleted checkpoint %s (retention)", name)
+                except Exception as exc:  # never stops training
+                    log.warning("could not delete checkpoint %s: %s: %s", name, type(exc).__name__, exc)
+        except Exception as exc:
+            log.warning("checkpoint retention failed: %s: %s", type(exc).__name__, exc)
+
+    def close(self) -> None:
+        """Finish what is in flight (every rank calls it), then release the stager."""
+        self.wait_pending()
+        if self._retention is not None:
+            self._retention.join()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+    # ------------------------------------------------------------------ load
+
+    def committed_manifests(self) -> dict[str, Manifest]:
+        """Checkpoints with a readable manifest, by name, oldest first (files not yet checked)."""
+        found: dict[str, Manifest] = {}
+        for name in self.storage.names():
+            try:
+                manifest = self.storage.read_manifest(name)
+            except ManifestError:
+                continue
+            found[name] = manifest
+        return found
+
+    def restore_latest(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                       only: str | None = None) -> Restored | None:
+        """Load the newest checkpoint that verifies (every rank calls it); None when there is none.
+
+        Rank 0 picks and verifies; the chosen local folder is broadcast, then every rank loads
+        its part through DCP.
+        """
+        choice: list[Any] = [None]
+        if self.rank == 0:
+            choice[0] = self._pick_verified(only)
+        if self.distributed:
+            dist.broadcast_object_list(choice, src=0, group=self.group)
+        if choice[0] is None:
+            return None
+        name, local_dir = choice[0]
+        if isinstance(local_dir, str) and local_dir.startswith("error:"):
+            raise CheckpointError(local_dir[len("error:"):])
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions())
+        state_dict = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state_dict, checkpoint_id=local_dir, planner=_SafeLoadPlanner(), process_group=self.group)
+        set_state_dict(model, optimizer, model_state_dict=state_dict["model"],
+                       optim_state_dict=state_dict["optim"], options=StateDictOptions())
+        trainer_state = json.loads(Path(local_dir, TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+        self.last_saved_step = step_of(name)
+        return Restored(name, int(trainer_state["step"]), trainer_state)
+
+    def _pick_verified(self, only: str | None) -> tuple[str, str] | None:
+        manifests = self.committed_manifests()
+        names = [only] if only else list(reversed(manifests))
+        if only and only not in manifests:
+            return (only, f"error:checkpoint {self.storage.describe(only)} has no valid manifest")
+        for name in names:
+            manifest = manifests[name]
+            try:
+                local = self.storage.local_copy(name, manifest, self.scratch_dir / "checkpoint-cache")
+                manifest.check_dir(local)
+            except (ManifestError, OSError) as exc:
+                log.warning(
+                    "checkpoint %s failed verification (%s); %s",
+                    self.storage.describe(name), exc,
+                    "cannot resume from it" if only else "using the previous one",
+                )
+                if only:
+                    return (name, f"error:checkpoint {self.storage.describe(name)} failed verification: {exc}")
+                continue
+            log.info("resuming from checkpoint %s", self.storage.describe(name))
+            return (name, str(local))
+        return None
+
+    def _crash_point(self, step: int) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(step)
+
+    def _barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self.group)

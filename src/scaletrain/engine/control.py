@@ -1,0 +1,157 @@
+"""Decisions every rank must take together: stop (preemption), save (by time), commit an async save.
+
+A signal reaches one rank, clocks differ between ranks, an async save finishes at different times
+on each: so about twice a second of training, one tiny all-reduce (MAX) turns the local views into
+one decision that is the same on every rank. The check interval (in steps) is itself agreed in that
+all-reduce, so all ranks run the collective at the same steps.
+
+The hang watchdog is faulthandler's C thread: if this rank stops re-arming it for
+``hang_timeout_s``, it writes every thread's Python stack to a file and ends the process, even
+when the interpreter is stuck in a collective or holds the GIL in C code.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["StopRequest", "Watchdog", "Control", "Decision"]
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequest:
+    """SIGTERM or SIGUSR1 to this process asks for a clean stop with a checkpoint."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+
+    def install(self):
+        """Install the handlers (main thread only); returns a function that restores the old ones."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {sig: signal.signal(sig, self._handle) for sig in _STOP_SIGNALS}
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signal_name is None:
+            self.signal_name = signal.Signals(signum).name
+
+
+class Watchdog:
+    """Dumps every thread's stack to ``stacks_path`` and exits if not re-armed in time."""
+
+    def __init__(self, timeout_s: float, stacks_path: Path, rearm_every_s: float = 0.5):
+        self.timeout_s = timeout_s
+        self.stacks_path = Path(stacks_path)
+        self._rearm_every = rearm_every_s
+        self._file: IO[str] | None = None
+        self._armed_at = 0.0
+
+    def arm(self) -> None:
+        if self._file is None:
+            self.stacks_path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.stacks_path, "a", encoding="utf-8")
+        faulthandler.dump_traceback_later(self.timeout_s, exit=True, file=self._file)
+        self._armed_at = time.monotonic()
+
+    def pet(self) -> None:
+        """Re-arm, at most every ``rearm_every_s`` (re-arming starts a C thread)."""
+        if time.monotonic() - self._armed_at >= self._rearm_every:
+            self.arm()
+
+    def close(self) -> None:
+        faulthandler.cancel_dump_traceback_later()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            if self.stacks_path.exists() and self.stacks_path.stat().st_size == 0:
+                self.stacks_path.unlink()
+
+
+@dataclass(frozen=True)
+class Decision:
+    stop: str | None = None  # the signal that asked for it
+    save: bool = False  # a time-based checkpoint is due
+    commit: bool = False  # every rank finished writing its part of an async save
+
+
+_NOTHING = Decision()
+
+
+class Control:
+    def __init__(
+        self,
+        distributed: bool,
+        stop: StopRequest,
+        watchdog: Watchdog | None,
+        save_every_s: float | None,
+        interval_s: float = 0.5,
+    ):
+        self.distributed = distributed
+        self.stop = stop
+        self.watchdog = watchdog
+        self.save_every_s = save_every_s
+        self.interval_s = interval_s
+        self._next_check = 1
+        self._checked_at = time.monotonic()
+        self._checked_step = 0
+        self.last_save_at = time.monotonic()
+
+    def saved(self) -> None:
+        self.last_save_at = time.monotonic()
+
+    def check(self, step: int, async_ready: bool, async_pending: bool) -> Decision:
+        """Call after every step; cheap when no check is due."""
+        if not self.distributed:
+            if self.watchdog is not None:
+                self.watchdog.pet()
+            return self._decide(self.stop.signal_name, self._save_due(), async_pending and async_ready)
+        if step < self._next_check:
+            return _NOTHING
+        now = time.monotonic()
+        per_step = (now - self._checked_at) / max(1, step - self._checked_step)
+        proposal = max(1, min(1000, int(self.interval_s / per_step) if per_step > 0 else 1))
+        local = torch.tensor(
+            [
+                1.0 if self.stop.signal_name else 0.0,
+                1.0 if self._save_due() else 0.0,
+                0.0 if async_ready else 1.0,
+                float(proposal),
+                float(_SIGNAL_CODES.get(self.stop.signal_name, 0)),
+            ]
+        )
+        dist.all_reduce(local, op=dist.ReduceOp.MAX)
+        stop, save, not_ready, interval, code = local.tolist()
+        self._next_check = step + int(interval)
+        self._checked_at, self._checked_step = time.monotonic(), step
+        if self.watchdog is not None:
+            self.watchdog.arm()
+        signal_name = _SIGNAL_NAMES.get(int(code), "SIGTERM") if stop else None
+        return self._decide(signal_name, bool(save), async_pending and not not_ready)
+
+    def _save_due(self) -> bool:
+        return self.save_every_s is not None and time.monotonic() - self.last_save_at >= self.save_every_s
+
+    @staticmethod
+    def _decide(stop: str | None, save: bool, commit: bool) -> Decision:
+        if not (stop or save or commit):
+            return _NOTHING
+        return Decision(stop=stop, save=save, commit=commit)
+
+
+_SIGNAL_CODES = {"SIGTERM": 1, "SIGUSR1": 2}
+_SIGNAL_NAMES = {code: name for name, code in _SIGNAL_CODES.items()}

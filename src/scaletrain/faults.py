@@ -1,0 +1,84 @@
+"""Fault injection, a testing facility: make a chosen rank fail at a chosen step.
+
+Set ``SCALETRAIN_FAULT`` to one or more faults separated by ``;``::
+
+    SCALETRAIN_FAULT="sigkill:rank=1:step=30"                 # first attempt only (attempt=0)
+    SCALETRAIN_FAULT="sigkill:rank=1:step=30;sigkill:rank=0:step=60:attempt=1"
+
+Kinds: ``raise`` (RuntimeError), ``sigkill``, ``sigterm``, ``sigusr1`` (to the rank itself),
+``hang`` (sleeps forever), ``checkpoint_crash`` (SIGKILL after the checkpoint files of step >= S are
+written and before the manifest). A fault fires after optimizer step S, in the attempt numbered
+``attempt`` (torch elastic's restart count; default 0), once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from scaletrain.errors import ConfigError
+
+__all__ = ["Fault", "FaultPlan", "FAULT_ENV", "parse_faults"]
+
+FAULT_ENV = "SCALETRAIN_FAULT"
+KINDS = ("raise", "sigkill", "sigterm", "sigusr1", "hang", "checkpoint_crash")
+
+
+@dataclass
+class Fault:
+    kind: str
+    rank: int
+    step: int
+    attempt: int = 0
+    fired: bool = False
+
+
+def parse_faults(text: str) -> list[Fault]:
+    faults = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        kind, *fields = item.split(":")
+        if kind not in KINDS:
+            raise ConfigError(f"{FAULT_ENV}: unknown fault kind {kind!r}; use one of {', '.join(KINDS)}")
+        try:
+            values = {k: int(v) for k, v in (f.split("=", 1) for f in fields)}
+            faults.append(Fault(kind, values.pop("rank"), values.pop("step"), values.pop("attempt", 0)))
+        except (ValueError, KeyError):
+            raise ConfigError(
+                f"{FAULT_ENV}: cannot read {item!r}; expected KIND:rank=R:step=S[:attempt=A]"
+            ) from None
+        if values:
+            raise ConfigError(f"{FAULT_ENV}: unknown field(s) {', '.join(values)} in {item!r}")
+    return faults
+
+
+class FaultPlan:
+    """The faults for this rank and attempt; cheap to call every step when there are none."""
+
+    def __init__(self, rank: int, attempt: int, environ: dict[str, str] | None = None):
+        text = (os.environ if environ is None else environ).get(FAULT_ENV, "")
+        self.faults = [f for f in parse_faults(text) if f.rank == rank and f.attempt == attempt]
+        self.active = bool(self.faults)
+
+    def after_step(self, step: int) -> None:
+        for fault in self.faults:
+            if not fault.fired and fault.kind != "checkpoint_crash" and step == fault.step:
+                fault.fired = True
+                _fire(fault)
+
+    def during_checkpoint(self, step: int) -> None:
+        for fault in self.faults:
+            if not fault.fired and fault.kind == "checkpoint_crash" and step >= fault.step:
+                fault.fired = True
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fire(fault: Fault) -> None:
+    if fault.kind == "raise":
+        raise RuntimeError(f"injected fault at step {fault.step} on rank {fault.rank}")
+    if fault.kind == "hang":
+        while True:
+            time.sleep(3600)
+    sig = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}[fault.kind]
+    os.kill(os.getpid(), sig)

@@ -1,0 +1,75 @@
+"""`scaletrain resume`: find the run to continue and prepare its spec for another launch.
+
+A run is continued in place: the same run directory, run id (so the same checkpoint location),
+MLflow run and metric journal. Resuming from one named checkpoint sets the run's newer
+checkpoints aside (renamed, never deleted), so every restart of the new attempt resumes from
+the chosen timeline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from scaletrain.checkpoint.location import checkpoint_location
+from scaletrain.checkpoint.manifest import MANIFEST_FILE, ManifestError
+from scaletrain.checkpoint.storage import open_storage, step_of
+from scaletrain.config import parse_job
+from scaletrain.errors import ConfigError, ScaletrainError
+from scaletrain.launch.spec import RunSpec
+
+__all__ = ["prepare_resume", "find_run_dir"]
+
+
+def find_run_dir(target: str, runs_root: str | Path = "runs") -> tuple[Path, str | None]:
+    """The run directory for ``target`` and, when it names one checkpoint, that checkpoint."""
+    path = Path(target).expanduser()
+    if (path / "spec.json").is_file():
+        return path.resolve(), None
+    if (path / MANIFEST_FILE).is_file():
+        state = _trainer_state(path)
+        run_dir = Path(state.get("run_dir", ""))
+        if not (run_dir / "spec.json").is_file():
+            raise ScaletrainError(
+                f"checkpoint {path} belongs to run directory {run_dir or '?'}, which is not here; "
+                "resume needs that run directory (its spec.json)"
+            )
+        return run_dir, path.name
+    if not path.exists() and "/" not in target:
+        matches = sorted(Path(runs_root).glob(f"*/{target}/spec.json"))
+        if len(matches) == 1:
+            return matches[0].parent.resolve(), None
+        if len(matches) > 1:
+            raise ConfigError(f"run id {target!r} matches {len(matches)} runs; pass the run directory")
+    raise ConfigError(
+        f"cannot resume {target!r}: not a run directory (with spec.json), a checkpoint folder "
+        f"(with {MANIFEST_FILE}) or a run id under ./{runs_root}; see `scaletrain runs`"
+    )
+
+
+def _trainer_state(checkpoint_dir: Path) -> dict:
+    try:
+        return json.loads((checkpoint_dir / "trainer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ScaletrainError(f"checkpoint {checkpoint_dir} has no readable trainer.json ({exc})") from None
+
+
+def prepare_resume(target: str, overrides: list[str] | tuple[str, ...] = ()) -> RunSpec:
+    run_dir, checkpoint = find_run_dir(target)
+    try:
+        spec = RunSpec.read(run_dir / "spec.json")
+    except (OSError, ValueError, TypeError) as exc:
+        raise ScaletrainError(f"cannot read {run_dir / 'spec.json'}: {exc}") from None
+    config = parse_job(spec.job, overrides, source=str(run_dir / "spec.json"))
+    spec.job = config.model_dump(mode="json")
+    storage = open_storage(checkpoint_location(config, spec.run_id, spec.run_dir))
+    if checkpoint is not None:
+        try:
+            manifest = storage.read_manifest(checkpoint)
+            manifest.check_dir(storage.local_copy(checkpoint, manifest, run_dir / "checkpoint-cache"))
+        except ManifestError as exc:
+            raise ScaletrainError(f"checkpoint {checkpoint} failed verification: {exc}") from None
+        for name in storage.names():
+            if (step_of(name) or 0) > manifest.step:
+                storage.set_aside(name)
+    return spec
