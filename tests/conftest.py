@@ -28,3 +28,25 @@ def mlflow_server(tmp_path):
     server = MlflowServer(tmp_path).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    """moto's S3 server for the module, with a bucket ``ckpt``; AWS_ENDPOINT_URL and test
+    credentials are in the environment, so plain ``fsspec.filesystem("s3")`` talks to it."""
+    pytest.importorskip("moto.server")
+    from tests.helpers.servers import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3")).start()
+    patch = pytest.MonkeyPatch()
+    try:
+        server.make_bucket("ckpt")
+        # These would override or switch off AWS_ENDPOINT_URL in botocore.
+        patch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+        patch.delenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", raising=False)
+        for name, value in server.env().items():
+            patch.setenv(name, value)
+        yield server
+    finally:
+        patch.undo()
+        server.stop()

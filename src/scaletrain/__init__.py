@@ -9,15 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["run", "Task", "JobConfig", "load_job", "__version__"]
+__all__ = ["run", "resume", "Task", "JobConfig", "load_job", "__version__"]
 
 if TYPE_CHECKING:
-    from scaletrain.api import run
+    from scaletrain.api import resume, run
     from scaletrain.config import JobConfig, load_job
     from scaletrain.task import Task
 
 _LAZY = {
     "run": "scaletrain.api",
+    "resume": "scaletrain.api",
     "Task": "scaletrain.task",
     "JobConfig": "scaletrain.config",
     "load_job": "scaletrain.config",

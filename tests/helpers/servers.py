@@ -10,6 +10,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import TypeVar
+
+_S = TypeVar("_S", bound="_LoopbackServer")
 
 
 def free_port() -> int:
@@ -18,41 +21,46 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class MlflowServer:
-    """``mlflow server`` on 127.0.0.1 with a sqlite store in ``root``; stop() and start() again
-    on the same port to simulate an outage."""
+class _LoopbackServer:
+    """A server process on 127.0.0.1:``port`` in its own session (so stop() ends the whole
+    process group), logging to ``root / log_name``. start() returns once ``health_path``
+    answers 200; stop() and start() again reuse the same port."""
+
+    name = "server"
+    log_name = "server.log"
+    health_path = "/health"
 
     def __init__(self, root: Path, port: int | None = None):
-        self.root = root
+        self.root = Path(root)
         self.port = port or free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 90) -> MlflowServer:
-        mlflow_bin = Path(sys.executable).parent / "mlflow"
-        self.proc = subprocess.Popen(
-            [
-                str(mlflow_bin), "server",
-                "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}",
-                "--artifacts-destination", str(self.root / "artifacts"),
-                "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-            ],
-            stdout=open(self.root / "server.log", "ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # so stop() can end the whole server process group
-        )
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self: _S, timeout: float = 90) -> _S:
+        log_path = self.root / self.log_name
+        with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
+                self.stop()  # ends anything its process group left behind
+                raise RuntimeError(f"{self.name} exited: {log_path.read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as response:
+                with urllib.request.urlopen(self.url + self.health_path, timeout=1) as response:
                     if response.status == 200:
                         return self
             except OSError:
                 time.sleep(0.3)
         self.stop()
-        raise RuntimeError("mlflow server did not answer /health in time")
+        raise RuntimeError(f"{self.name} did not answer {self.health_path} in time")
 
     def stop(self) -> None:
         if self.proc is None:
@@ -63,3 +71,60 @@ class MlflowServer:
             pass
         self.proc.wait(timeout=30)
         self.proc = None
+
+
+class MlflowServer(_LoopbackServer):
+    """``mlflow server`` on 127.0.0.1 with a sqlite store in ``root``; stop() and start() again
+    on the same port to simulate an outage."""
+
+    name = "mlflow server"
+
+    @property
+    def uri(self) -> str:
+        return self.url
+
+    def command(self) -> list[str]:
+        return [
+            str(Path(sys.executable).parent / "mlflow"), "server",
+            "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}",
+            "--artifacts-destination", str(self.root / "artifacts"),
+            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+        ]
+
+
+class S3Server(_LoopbackServer):
+    """moto in server mode on 127.0.0.1: an S3-compatible endpoint held in memory (lost on
+    stop()). Clients find it through env(); botocore, and so s3fs, read AWS_ENDPOINT_URL."""
+
+    name = "moto server"
+    log_name = "moto.log"
+    health_path = "/moto-api/data.json"
+    access_key = secret_key = "testing"
+    region = "us-east-1"
+
+    @property
+    def endpoint(self) -> str:
+        return self.url
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_DEFAULT_REGION": self.region,
+        }
+
+    def client(self):
+        """A boto3 S3 client for this server, whatever the environment says."""
+        import boto3
+
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint, region_name=self.region,
+            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+        )
+
+    def make_bucket(self, name: str) -> None:
+        self.client().create_bucket(Bucket=name)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from scaletrain import __version__
-from scaletrain.errors import ConfigError, ScaletrainError
+from scaletrain.errors import ConfigError, RunPreempted, ScaletrainError
 
 app = typer.Typer(
     name="scaletrain",
@@ -67,11 +67,16 @@ def run(
     started_at = time.time()
     from scaletrain.api import run as run_job
 
+    _run_and_report(lambda: run_job(job, set_ or [], started_at=started_at), as_json)
+
+
+def _run_and_report(start: Any, as_json: bool) -> None:
     try:
-        summary = run_job(job, set_ or [], started_at=started_at)
+        summary = start()
     except ScaletrainError as exc:
         if as_json:
-            typer.echo(json.dumps({"status": "failed", "error": str(exc)}))
+            status = "preempted" if isinstance(exc, RunPreempted) else "failed"
+            typer.echo(json.dumps({"status": status, "error": str(exc)}))
         _fail(exc)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
@@ -80,6 +85,111 @@ def run(
         typer.echo(json.dumps(summary))
     else:
         _print_summary(summary)
+
+
+@app.command()
+def resume(
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="a run directory, a run id under ./runs, or one checkpoint folder of a run",
+            metavar="RUN|CHECKPOINT",
+        ),
+    ],
+    set_: SetOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print one JSON object with the outcome on stdout")
+    ] = False,
+) -> None:
+    """Continue a stopped, failed or preempted run from its newest verified checkpoint."""
+    started_at = time.time()
+    from scaletrain.api import resume as resume_run
+
+    _run_and_report(lambda: resume_run(target, set_ or [], started_at=started_at), as_json)
+
+
+checkpoints_app = typer.Typer(help="List and verify checkpoints.", no_args_is_help=True)
+app.add_typer(checkpoints_app, name="checkpoints")
+PathArg = Annotated[
+    str,
+    typer.Argument(
+        help="a run directory, a checkpoint location (path or s3://...) or one checkpoint",
+        metavar="PATH",
+    ),
+]
+
+
+def _checkpoint_rows(path: str, verify: bool, as_json: bool) -> list[dict[str, Any]]:
+    from scaletrain.checkpoint.inspect import describe_checkpoints
+
+    try:
+        rows = describe_checkpoints(path, verify)
+    except ScaletrainError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return rows
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("checkpoint", "step", "size", "workers", "metrics", "status", "why")
+    for row in rows:
+        metrics = "  ".join(f"{k} {_fmt(v)}" for k, v in sorted((row.get("metrics") or {}).items())
+                            if not k.endswith(("_s", "lr")))
+        table.add_row(
+            row["name"], str(row["step"]),
+            _size(row["bytes"]) if "bytes" in row else "",
+            str(row.get("world_size", "")), metrics, row["status"], row["why"],
+        )
+    Console().print(table if rows else f"no checkpoints at {path}")
+    return rows
+
+
+@checkpoints_app.command("ls")
+def checkpoints_ls(
+    path: PathArg,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table")] = False,
+) -> None:
+    """Checkpoints at PATH: step, size, metrics, committed or not and why (no hashing)."""
+    _checkpoint_rows(path, verify=False, as_json=as_json)
+
+
+@checkpoints_app.command("verify")
+def checkpoints_verify(
+    path: PathArg,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table")] = False,
+) -> None:
+    """Hash every file of every checkpoint at PATH against its manifest; exit 1 if any fails."""
+    rows = _checkpoint_rows(path, verify=True, as_json=as_json)
+    if not rows or any(row["status"] != "verified" for row in rows):
+        raise typer.Exit(1)
+
+
+@app.command("verify-resume")
+def verify_resume(
+    job: JobArg,
+    set_: SetOpt = None,
+    steps: Annotated[int, typer.Option(help="steps to train; the kill comes at 3/4, the resume from 1/2")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="print the outcome as JSON")] = False,
+) -> None:
+    """Check that a job resumes exactly: train, kill a worker, resume, compare final weights."""
+    from scaletrain.verify_resume import verify_resume as check
+
+    try:
+        outcome = check(job, set_ or [], steps, announce=lambda line: typer.echo(line, err=True))
+    except ScaletrainError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(outcome))
+    elif outcome["passed"]:
+        typer.echo(
+            f"PASS: resumed from step {outcome['resumed_from_step']} after a kill at step "
+            f"{outcome['killed_at_step']}; final weights match bit for bit ({outcome['resumed_sha256'][:16]})"
+        )
+    else:
+        typer.echo(f"FAIL: {outcome['first_difference'] or 'the worker was not restarted'}")
+    if not outcome["passed"]:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -216,7 +326,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
     table.add_column(overflow="fold")
     table.add_row("run", summary["run_id"])
     table.add_row("workers", f"{summary['world_size']} ({summary['engine']}, {summary['strategy']})")
-    table.add_row("steps", str(summary["steps"]))
+    steps = str(summary["steps"])
+    if summary.get("resumed_from_step"):
+        steps += f" (resumed from step {summary['resumed_from_step']})"
+    if summary.get("restarts"):
+        steps += f", {summary['restarts']} restart(s)"
+    table.add_row("steps", steps)
     loop_metrics = {"lr", "grad_norm", "step_time_s", "data_wait_s", "samples_per_s"}
     for split in ("train", "eval"):
         metrics = summary.get(split) or {}
@@ -233,6 +348,14 @@ def _print_summary(summary: dict[str, Any]) -> None:
     table.add_row("weights", summary["weights"])
     table.add_row("logs", summary["logs"])
     console.print(table)
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1024 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return str(count)
 
 
 def _fmt(value: Any) -> str:

@@ -1,7 +1,7 @@
 """Decisions every rank must take together: stop (preemption), save (by time), commit an async save.
 
 A signal reaches one rank, clocks differ between ranks, an async save finishes at different times
-on each: so about twice a second of training, one tiny all-reduce (MAX) turns the local views into
+on each: so about four times a second of training, one tiny all-reduce (MAX) turns the local views into
 one decision that is the same on every rank. The check interval (in steps) is itself agreed in that
 all-reduce, so all ranks run the collective at the same steps.
 
@@ -99,7 +99,7 @@ class Control:
         stop: StopRequest,
         watchdog: Watchdog | None,
         save_every_s: float | None,
-        interval_s: float = 0.5,
+        interval_s: float = 0.25,
     ):
         self.distributed = distributed
         self.stop = stop

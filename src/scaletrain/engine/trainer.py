@@ -158,7 +158,8 @@ class Trainer:
             if decision.stop:
                 # Every rank agreed on this step: checkpoint it and stop cleanly.
                 result.preempted = decision.stop
-                log.warning("stopping at step %d on %s", self.step, decision.stop)
+                if self.env.is_main:
+                    log.warning("stopping at step %d on %s; saving a checkpoint", self.step, decision.stop)
                 break
             # The last step's checkpoint is written after the final evaluation, below.
             if self.checkpoints and self.step < self.max_steps and (

@@ -1,0 +1,234 @@
+"""Recovery with real faults on 2 gloo workers: kill, hang, preempt, corrupt; same final weights.
+
+Faults come from SCALETRAIN_FAULT (scaletrain/faults.py). Every job here checkpoints every 10
+steps of 40; the reference is the same job without faults (computed once per module).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import scaletrain
+from scaletrain.checkpoint.manifest import Manifest
+from scaletrain.errors import RunPreempted, WorkerFailedError
+from scaletrain.faults import FAULT_ENV
+from tests.helpers.run import REPO, read_metrics, scaletrain_cli
+from tests.helpers.tasks import toy_job
+
+pytestmark = pytest.mark.distributed
+
+mlflow = pytest.importorskip("mlflow")
+from mlflow import MlflowClient  # noqa: E402
+
+
+def recovery_job(root, **sections):
+    base = {
+        "task": {"args": {"dropout": 0.1}},
+        "train": {"max_steps": 40, "log_every": 1, "eval_every": 20},
+        "checkpoint": {"every_steps": 10, "keep_last": 3},
+        "scale": {"workers": 2},
+        "recovery": {"max_restarts": 1, "hang_timeout_s": 6, "grace_period_s": 20},
+    }
+    for key, value in sections.items():
+        if key == "task":  # task args merge with the base ones (dropout stays)
+            value = {"args": {**base["task"]["args"], **value.get("args", {})}}
+        base[key] = {**base.get(key, {}), **value}
+    return toy_job(root, **base)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run every faulty run must match bit for bit."""
+    return scaletrain.run(recovery_job(tmp_path_factory.mktemp("reference")))
+
+
+def run_with_fault(monkeypatch, fault, job):
+    monkeypatch.setenv(FAULT_ENV, fault)
+    try:
+        return scaletrain.run(job)
+    finally:
+        monkeypatch.delenv(FAULT_ENV)
+
+
+def checkpoint_names(summary):
+    return sorted(p.name for p in (Path(summary["run_dir"]) / "checkpoints").iterdir())
+
+
+def test_sigkill_between_checkpoints_resumes_to_the_same_weights(tmp_path, monkeypatch, reference):
+    summary = run_with_fault(monkeypatch, "sigkill:rank=1:step=25", recovery_job(tmp_path))
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 20
+    assert summary["weights_sha256"] == reference["weights_sha256"]
+    assert [row["step"] for row in read_metrics(summary["run_dir"])] == list(range(1, 41))
+    assert [row["step"] for row in read_metrics(summary["run_dir"], "eval")] == [20, 40]
+    # keep_last 3 of 10, 20, 30, 40
+    assert checkpoint_names(summary) == ["step-00000020", "step-00000030", "step-00000040"]
+
+
+def test_two_faults_in_one_run(tmp_path, monkeypatch, reference):
+    job = recovery_job(tmp_path, recovery={"max_restarts": 2})
+    summary = run_with_fault(
+        monkeypatch, "sigkill:rank=1:step=15;sigkill:rank=0:step=33:attempt=1", job
+    )
+    assert summary["restarts"] == 2 and summary["resumed_from_step"] == 30
+    assert summary["weights_sha256"] == reference["weights_sha256"]
+
+
+def test_crash_while_writing_a_checkpoint_uses_the_previous_one(tmp_path, monkeypatch, reference):
+    summary = run_with_fault(monkeypatch, "checkpoint_crash:rank=0:step=30", recovery_job(tmp_path))
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 20
+    assert summary["weights_sha256"] == reference["weights_sha256"]
+    root = Path(summary["run_dir"]) / "checkpoints"
+    assert not [p for p in root.iterdir() if p.name.startswith(".staging")]  # swept
+
+
+def test_a_hang_is_dumped_ended_and_restarted(tmp_path, monkeypatch, reference):
+    summary = run_with_fault(monkeypatch, "hang:rank=1:step=25", recovery_job(tmp_path))
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 20
+    assert summary["weights_sha256"] == reference["weights_sha256"]
+    stacks = (Path(summary["run_dir"]) / "logs" / "worker-1.stacks.txt").read_text()
+    assert "Timeout (0:00:06)!" in stacks and "_fire" in stacks  # the hung frame is in the dump
+
+
+def test_a_rank_that_always_fails_ends_the_job_naming_it(tmp_path, monkeypatch):
+    job = recovery_job(tmp_path, recovery={"max_restarts": 1})
+    with pytest.raises(WorkerFailedError) as info:
+        run_with_fault(monkeypatch, "raise:rank=1:step=15;raise:rank=1:step=15:attempt=1", job)
+    assert str(info.value).startswith(
+        "worker rank 1 failed: RuntimeError: injected fault at step 15 on rank 1"
+    )
+    assert info.value.rank == 1
+
+
+def test_a_corrupted_newest_checkpoint_falls_back_with_one_warning(tmp_path):
+    """A finished run's newest checkpoint (30) gets a bit flipped; resume must use step 20."""
+    first = scaletrain.run(recovery_job(tmp_path, train={"max_steps": 30}))  # saves 10, 20, 30
+    run_dir = Path(first["run_dir"])
+    shard = run_dir / "checkpoints" / "step-00000030" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0x10
+    shard.write_bytes(bytes(data))
+    resumed = scaletrain.resume(run_dir, ["train.max_steps=30"])
+    assert resumed["resumed_from_step"] == 20 and resumed["steps"] == 30
+    assert resumed["weights_sha256"] == first["weights_sha256"]
+    warnings = [
+        json.loads(line) for line in (run_dir / "logs" / "worker-0.jsonl").read_text().splitlines()
+        if '"warning"' in line and "failed verification" in line
+    ]
+    assert len(warnings) == 1
+    assert "step-00000030 failed verification (__0_0.distcp does not match its sha256" in warnings[0]["message"]
+    assert warnings[0]["message"].endswith("using the previous one")
+
+
+def test_preemption_of_a_worker_then_resume_continues_the_same_mlflow_run(tmp_path, monkeypatch, reference):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # Slow steps: a stop is agreed within a quarter second, so the run must last longer.
+    job = recovery_job(tmp_path, task={"args": {"step_sleep": 0.02}}, recovery={"max_restarts": 0})
+    job["tracking"] = {"enabled": True, "uri": uri, "experiment": "recovery"}
+    monkeypatch.setenv(FAULT_ENV, "sigterm:rank=1:step=15")
+    with pytest.raises(RunPreempted) as info:
+        scaletrain.run(job)
+    monkeypatch.delenv(FAULT_ENV)
+    assert info.value.exit_code == 75
+    stopped_at = info.value.step
+    assert info.value.checkpoint_step == stopped_at and 15 <= stopped_at < 40
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("recovery").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "KILLED"
+
+    resumed = scaletrain.resume(info.value.run_dir)
+    assert resumed["resumed_from_step"] == stopped_at and resumed["steps"] == 40
+    assert resumed["weights_sha256"] == reference["weights_sha256"]
+    assert resumed["mlflow_run_id"] == runs[0].info.run_id
+    run = client.get_run(runs[0].info.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["scaletrain.attempts"] == "2"
+    history = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert history == list(range(1, 41))  # no gap, no duplicate across the two attempts
+    manifest = Manifest.from_json(
+        (Path(resumed["run_dir"]) / "checkpoints" / "step-00000040" / "manifest.json").read_text()
+    )
+    assert manifest.mlflow_run_id == run.info.run_id and manifest.world_size == 2
+
+
+def test_sigkill_restarts_are_counted_on_the_mlflow_run(tmp_path, monkeypatch, reference):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    job = recovery_job(tmp_path)
+    job["tracking"] = {"enabled": True, "uri": uri, "experiment": "restarts"}
+    summary = run_with_fault(monkeypatch, "sigkill:rank=1:step=25", job)
+    run = MlflowClient(uri).get_run(summary["mlflow_run_id"])
+    assert run.data.tags["scaletrain.restarts"] == "1"
+    steps = [m.step for m in MlflowClient(uri).get_metric_history(run.info.run_id, "train/loss")]
+    assert steps == list(range(1, 41))  # steps 21-25 were redone, and journaled once
+    assert summary["weights_sha256"] == reference["weights_sha256"]
+
+
+def test_resume_on_one_worker_reads_the_same_batches(tmp_path, monkeypatch):
+    # No dropout: its draws depend on the rank, the only thing 2 ranks and 1 do not share.
+    job = recovery_job(tmp_path, task={"args": {"dropout": 0.0, "step_sleep": 0.02}},
+                       recovery={"max_restarts": 0})
+    uninterrupted = scaletrain.run(job)
+    monkeypatch.setenv(FAULT_ENV, "sigterm:rank=0:step=12")
+    with pytest.raises(RunPreempted) as info:
+        scaletrain.run(job)
+    monkeypatch.delenv(FAULT_ENV)
+    # 1 worker x 32 reads the same global batches as 2 x 16.
+    resumed = scaletrain.resume(info.value.run_dir, ["scale.workers=1", "data.batch_size=32"])
+    assert resumed["world_size"] == 1 and resumed["resumed_from_step"] == info.value.step
+    expected = {row["step"]: row["loss"] for row in read_metrics(uninterrupted["run_dir"])}
+    after = [row for row in read_metrics(resumed["run_dir"]) if row["step"] > info.value.step]
+    assert [row["step"] for row in after] == list(range(info.value.step + 1, 41))
+    for row in after:  # only the order of floating-point sums differs
+        assert row["loss"] == pytest.approx(expected[row["step"]], rel=1e-4)
+
+
+def test_sigterm_to_the_launcher_checkpoints_then_cli_resume(tmp_path, reference):
+    job_file = tmp_path / "job.yaml"
+    job = recovery_job(tmp_path, task={"args": {"step_sleep": 0.05}}, recovery={"max_restarts": 0})
+    import yaml
+
+    job_file.write_text(yaml.safe_dump(job))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "scaletrain", "run", str(job_file), "--json"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    metrics = None
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait for step 10 to be reported, then preempt
+        found = list((tmp_path / "runs" / "toy").glob("*/metrics.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 10:
+            metrics = found[0]
+            break
+        time.sleep(0.2)
+    assert metrics is not None
+    launcher.send_signal(signal.SIGTERM)
+    out, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 75, err[-2000:]
+    assert json.loads(out)["status"] == "preempted"
+    line = [l for l in err.splitlines() if l.startswith("error: preempted by SIGTERM")]
+    assert len(line) == 1 and "continue with: scaletrain resume " in line[0]
+    run_dir = line[0].rsplit(" ", 1)[-1]
+    done = scaletrain_cli("resume", run_dir, "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["weights_sha256"] == reference["weights_sha256"]
+    assert [row["step"] for row in read_metrics(run_dir)] == list(range(1, 41))
+
+
+def test_object_storage_checkpoints_recover_and_verify(tmp_path, monkeypatch, s3_server, reference):
+    job = recovery_job(tmp_path, checkpoint={"dir": "s3://ckpt/runs"})
+    summary = run_with_fault(monkeypatch, "sigkill:rank=1:step=25", job)
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 20
+    assert summary["weights_sha256"] == reference["weights_sha256"]
+    location = f"s3://ckpt/runs/toy/{summary['run_id']}"
+    verified = scaletrain_cli("checkpoints", "verify", location, "--json", env=s3_server.env())
+    assert verified.returncode == 0, verified.stderr
+    rows = json.loads(verified.stdout)
+    assert [(r["name"], r["status"]) for r in rows] == [
+        ("step-00000020", "verified"), ("step-00000030", "verified"), ("step-00000040", "verified")]
+    assert os.path.isdir(Path(summary["run_dir"]) / "checkpoints") is False  # nothing local
