@@ -87,8 +87,13 @@ def _launch(
     from scaletrain.launch import launcher_for
     from scaletrain.task import check_task_target
 
-    # Fail before any worker starts if the task does not exist or its args do not fit.
+    # Fail before any worker starts if the task does not exist or its args do not fit, or
+    # checkpoints would go to storage nobody can write to.
     check_task_target(config.task.target, config.task.args, spec.python_path)
+    if config.checkpoint.enabled and config.checkpoint.dir:
+        from scaletrain.checkpoint.storage import open_storage
+
+        open_storage(config.checkpoint.dir)
     spec.job = config.model_dump(mode="json")
     spec.threads = threads_per_worker(config.scale.workers, config.scale.threads_per_worker)
     spec.attempt += 1

@@ -79,6 +79,14 @@ class ToyTask(scaletrain.Task):
         return loss, {"accuracy": accuracy}
 
 
+class HiddenStateTask(ToyTask):
+    """Scales its loss by a counter that no checkpoint holds: it cannot resume exactly."""
+
+    def loss(self, model, batch):
+        loss, metrics = super().loss(model, batch)
+        return loss * (1.0 + 0.05 * (self.calls % 7)), metrics
+
+
 class NoMethodsTask:
     """Lacks loss(): build_task must say so."""
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from scaletrain.checkpoint.atomic import fsync_dir, write_text_atomic
 from scaletrain.checkpoint.manifest import MANIFEST_FILE, Manifest, ManifestError
-from scaletrain.errors import ScaletrainError
+from scaletrain.errors import ConfigError
 
 __all__ = [
     "CheckpointStorage",
@@ -255,7 +255,7 @@ def _filesystem(url: str):
     try:
         import fsspec
     except ImportError:
-        raise ScaletrainError(
+        raise ConfigError(
             f"checkpoint.dir {url!r} needs fsspec; install it with: pip install 'scaletrain[s3]'"
         ) from None
     try:
@@ -263,7 +263,7 @@ def _filesystem(url: str):
     except (ImportError, ValueError) as exc:
         protocol = url.split("://", 1)[0]
         hint = "pip install 'scaletrain[s3]'" if protocol in ("s3", "s3a") else f"the fsspec driver for {protocol}://"
-        raise ScaletrainError(f"checkpoint.dir {url!r}: {exc}; install {hint}") from None
+        raise ConfigError(f"checkpoint.dir {url!r}: {exc}; install {hint}") from None
 
 
 def open_storage(location: str) -> CheckpointStorage:

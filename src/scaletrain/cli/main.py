@@ -132,14 +132,20 @@ def _checkpoint_rows(path: str, verify: bool, as_json: bool) -> list[dict[str, A
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("checkpoint", "step", "size", "workers", "metrics", "status", "why")
+    show_why = any(row["why"] for row in rows)
+    from rich.table import Column
+
+    table = Table(Column("checkpoint", no_wrap=True), "step", "size", "workers", "metrics",
+                  "status", *(["why"] if show_why else []))
     for row in rows:
-        metrics = "  ".join(f"{k} {_fmt(v)}" for k, v in sorted((row.get("metrics") or {}).items())
-                            if not k.endswith(("_s", "lr")))
+        shown = {k: v for k, v in (row.get("metrics") or {}).items()
+                 if k == "train/loss" or k.startswith("eval/")}
+        metrics = "  ".join(f"{k} {_fmt(v)}" for k, v in sorted(shown.items(), reverse=True))
         table.add_row(
             row["name"], str(row["step"]),
             _size(row["bytes"]) if "bytes" in row else "",
-            str(row.get("world_size", "")), metrics, row["status"], row["why"],
+            str(row.get("world_size", "")), metrics, row["status"],
+            *([row["why"]] if show_why else []),
         )
     Console().print(table if rows else f"no checkpoints at {path}")
     return rows
@@ -310,7 +316,9 @@ def ui(
     import os
     import shutil
 
-    mlflow_bin = shutil.which("mlflow") or os.path.join(os.path.dirname(sys.executable), "mlflow")
+    # The mlflow next to this interpreter first: another one on PATH may be another install.
+    beside = os.path.join(os.path.dirname(sys.executable), "mlflow")
+    mlflow_bin = beside if os.path.exists(beside) else shutil.which("mlflow") or beside
     store = _tracking_uri(uri)
     typer.echo(f"MLflow UI for {store} at http://127.0.0.1:{port}", err=True)
     os.execv(mlflow_bin, [mlflow_bin, "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", str(port)])
@@ -345,6 +353,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         "wall time",
         f"{summary['wall_time_s']:.1f} s (first step after {summary['time_to_first_step_s']:.1f} s)",
     )
+    if summary.get("checkpoint_step") is not None:
+        table.add_row("checkpoint", f"step {summary['checkpoint_step']}")
     table.add_row("weights", summary["weights"])
     table.add_row("logs", summary["logs"])
     console.print(table)
