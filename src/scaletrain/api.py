@@ -119,7 +119,11 @@ def _run_attempt(
 
     run_dir = Path(spec.run_dir)
     workers = config.scale.workers
-    tracking, shipper = _start_tracking(config, spec, launcher.name, tracking_tags)
+    tracking = None
+    if config.tracking.enabled:
+        from scaletrain.tracking.session import TrackingSession
+
+        tracking = TrackingSession(config, spec, launcher.name, tracking_tags, _launcher_log).start()
     spec.write()  # what `scaletrain resume` starts from
 
     summary: dict[str, Any] = {
@@ -146,7 +150,8 @@ def _run_attempt(
         )
         if preempted:
             summary.update(steps=exc.step, checkpoint_step=exc.checkpoint_step)
-        _close(summary, run_dir, tracking, shipper, config, "KILLED" if interrupted else "FAILED")
+        summary["mlflow_run_id"] = tracking.run_id if tracking else None
+        _close(summary, run_dir, tracking, "KILLED" if interrupted else "FAILED")
         raise
     first_step_at = result.get("first_step_at")
     summary.update(
@@ -163,7 +168,8 @@ def _run_attempt(
         weights=str(run_dir / WEIGHTS_FILE),
         logs=str(spec.logs_dir),
     )
-    _close(summary, run_dir, tracking, shipper, config, "FINISHED")
+    summary["mlflow_run_id"] = tracking.run_id if tracking else None
+    _close(summary, run_dir, tracking, "FINISHED")
     return summary
 
 
@@ -176,44 +182,8 @@ def _write_redacted_job(config: JobConfig, path: Path) -> None:
     write_text_atomic(path, job_to_yaml(JobConfig.model_validate(redacted)))
 
 
-def _start_tracking(
-    config: JobConfig, spec: Any, engine: str, extra_tags: dict[str, str] | None
-) -> tuple[Any, Any]:
-    """Create the job's MLflow run and start shipping the metric journal to it.
-    A tracker that cannot be reached never stops training."""
-    if not config.tracking.enabled:
-        return None, None
-    from scaletrain.tracking.mlflow_run import TrackingRun
-    from scaletrain.tracking.sender import configure_mlflow_client
-    from scaletrain.tracking.shipper import JournalShipper
-
-    configure_mlflow_client()
-    try:
-        if spec.tracking_run_id:  # a resumed run continues its MLflow run
-            tracking = TrackingRun.reopen(config, spec.tracking_uri, spec.tracking_run_id, spec.attempt)
-        else:
-            tracking = TrackingRun.start(
-                config, spec.run_id, spec.trace_id, engine, spec.python_path, extra_tags
-            )
-    except Exception as exc:
-        _launcher_log.warning(
-            "tracking is off for this run: cannot create the MLflow run (%s: %s); metrics are "
-            "still written to %s",
-            type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "",
-            Path(spec.run_dir) / "metrics.jsonl",
-        )
-        return None, None
-    spec.tracking_uri, spec.tracking_run_id = tracking.uri, tracking.run_id
-    tracking.log_artifact(Path(spec.run_dir) / "job.yaml")
-    tracking.start_system_metrics(config.tracking.system_metrics_every_s)
-    shipper = JournalShipper(
-        tracking.uri, tracking.run_id, Path(spec.run_dir) / "tracking", _launcher_log
-    ).start()
-    return tracking, shipper
-
-
 def _close(
-    summary: dict[str, Any], run_dir: Path, tracking: Any, shipper: Any, config: JobConfig, status: str
+    summary: dict[str, Any], run_dir: Path, tracking: Any, status: str
 ) -> None:
     """summary.json, then the last metrics, the run's artifacts and final status in MLflow."""
     from scaletrain.checkpoint.atomic import write_text_atomic
@@ -224,25 +194,10 @@ def _close(
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     if tracking is None:
         return
-    left = shipper.close(config.tracking.flush_timeout_s)
-    if left:
-        _launcher_log.warning(
-            "%d metric points could not be delivered to the tracking server; they are kept in "
-            "%s and sent by the next attempt",
-            left, run_dir / "tracking" / "metrics.journal.jsonl",
-        )
-    try:
-        tracking.log_artifact(run_dir / "summary.json")
-        tracking.log_artifact(run_dir / RUN_CARD_FILE)
-        tracking.log_artifact(run_dir / "logs", "logs")
-        tracking.log_artifact(run_dir / WEIGHTS_FILE, "weights")
-        tracking.log_artifact(run_dir / MLFLOW_MODEL_DIR, "model")
-        tags = {"scaletrain.steps": summary.get("steps", 0)}
-        if summary.get("weights_sha256"):
-            tags["scaletrain.weights_sha256"] = summary["weights_sha256"]
-        tracking.finish(status, tags, restarts=summary.get("restarts", 0))
-    except Exception as exc:
-        _launcher_log.warning(
-            "could not record the end of MLflow run %s (%s: %s); the run directory has it all",
-            tracking.run_id, type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "",
-        )
+    tracking.close(summary, status, [
+        (run_dir / "summary.json", None),
+        (run_dir / RUN_CARD_FILE, None),
+        (run_dir / "logs", "logs"),
+        (run_dir / WEIGHTS_FILE, "weights"),
+        (run_dir / MLFLOW_MODEL_DIR, "model"),
+    ])

@@ -159,6 +159,43 @@ def test_server_outage_loses_no_metric_and_duplicates_none(tmp_path, mlflow_serv
     assert run.info.status == "FINISHED"
 
 
+def test_a_server_down_at_start_gets_the_whole_run_once_it_is_up(tmp_path, mlflow_server):
+    """Training starts with the tracker down (one warning); the run is opened when it comes up
+    and holds params and every point, each once."""
+    mlflow_server.stop()
+    job = tracked_job(
+        tmp_path, mlflow_server.uri, task={"args": {"step_sleep": 0.05}},
+        train={"max_steps": 200, "log_every": 1}, tracking={"flush_timeout_s": 120},
+    )
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(summary=scaletrain.run(job)))
+    runner.start()
+    deadline = time.time() + 120
+    while time.time() < deadline:  # training goes on without the tracker
+        files = list((tmp_path / "runs").rglob("metrics.jsonl"))
+        if files and len(files[0].read_text().splitlines()) >= 20:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("training did not start while the tracker was down")
+    mlflow_server.start()
+    runner.join(timeout=300)
+    summary = outcome["summary"]
+    assert summary["status"] == "finished" and summary["mlflow_run_id"]
+    client, run = the_run(mlflow_server.uri, summary)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["optim.lr"] == "0.01"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert sorted(steps) == list(range(1, 201))
+    warnings = [
+        json.loads(line)["message"]
+        for line in Path(summary["run_dir"], "logs", "launcher.jsonl").read_text().splitlines()
+        if '"warning"' in line
+    ]
+    assert len([w for w in warnings if w.startswith("cannot reach the tracking server")]) == 1
+    assert any(w.startswith("tracking server reachable: opened MLflow run") for w in warnings)
+
+
 def test_runs_show_and_reproduce_commands(tmp_path):
     from tests.helpers.run import scaletrain_cli
 

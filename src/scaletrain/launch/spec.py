@@ -27,8 +27,8 @@ class RunSpec:
     trace_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     python_path: list[str] = field(default_factory=list)  # where task.target is imported from
     threads: int = 1  # intra-op threads per worker
-    tracking_uri: str | None = None  # MLflow: where rank 0 sends metrics
-    tracking_run_id: str | None = None  # the job's one MLflow run, created by the launcher
+    tracking_uri: str | None = None  # MLflow: the store or server of the job's run
+    tracking_run_id: str | None = None  # the job's MLflow run, when open before the workers start
     attempt: int = 0  # launches of this run: 1 for `run`, +1 for each `scaletrain resume`
 
     @property

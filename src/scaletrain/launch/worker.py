@@ -187,7 +187,7 @@ def _train(
             os.path.join(spec.run_dir, WEIGHTS_FILE),
             metadata={"run_id": spec.run_id, "step": str(result.steps)},
         )
-        if spec.tracking_run_id:
+        if job.tracking.enabled:
             example = example_input(task, trainer.train_set, trainer.collate or default_collate)
             save_mlflow_model(model, os.path.join(spec.run_dir, MLFLOW_MODEL_DIR), example)
     return result
@@ -210,7 +210,7 @@ def _reporter_for(env: DistEnv, spec: RunSpec, job: JobConfig, context: LogConte
         ]
         if progress_wanted():
             sinks.append(ProgressBar(job.name))
-        if spec.tracking_run_id:
+        if job.tracking.enabled:  # journaled even while the tracker is unreachable
             sinks.append(
                 MlflowReporter(
                     os.path.join(spec.run_dir, "tracking"),

@@ -1,0 +1,138 @@
+"""The launcher's MLflow side of one attempt: open the run, ship the journal, close the run.
+
+Opening never holds training up. The first try is made before the workers start; when the
+tracker does not answer, one warning is logged and a background thread keeps trying with
+backoff while the workers train (rank 0 journals regardless). When the run finally exists,
+everything journaled so far is sent. A resumed job reopens its run (its id is kept in
+``tracking/mlflow_run.json``) and counts one more attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from scaletrain.checkpoint.atomic import write_text_atomic
+from scaletrain.config.schema import JobConfig
+
+__all__ = ["TrackingSession", "recorded_run"]
+
+RUN_FILE = "mlflow_run.json"
+
+
+def recorded_run(run_dir: str | Path) -> dict[str, str] | None:
+    """The MLflow run a run directory belongs to, if one was ever created."""
+    try:
+        data = json.loads((Path(run_dir) / "tracking" / RUN_FILE).read_text(encoding="utf-8"))
+        return data if data.get("run_id") else None
+    except (OSError, ValueError):
+        return None
+
+
+class TrackingSession:
+    def __init__(self, config: JobConfig, spec: Any, engine: str, extra_tags: dict[str, str] | None,
+                 log: logging.Logger, max_backoff_s: float = 10.0):
+        self.config, self.spec, self.engine, self.extra_tags = config, spec, engine, extra_tags
+        self.log = log
+        self.run_dir = Path(spec.run_dir)
+        self.run: Any = None  # TrackingRun, once opened
+        self.shipper: Any = None
+        self._ready = threading.Event()
+        self._closing = threading.Event()
+        self._max_backoff = max_backoff_s
+        self._opener: threading.Thread | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.run_id if self.run is not None else None
+
+    def start(self) -> TrackingSession:
+        from scaletrain.tracking.sender import configure_mlflow_client
+
+        configure_mlflow_client()
+        try:
+            self._open()
+        except Exception as exc:
+            self.log.warning(
+                "cannot reach the tracking server to open the MLflow run (%s); training starts "
+                "anyway, metrics are journaled in %s and sent once it answers",
+                _one_line(exc), self.run_dir / "tracking",
+            )
+            self._opener = threading.Thread(target=self._keep_trying, daemon=True,
+                                            name="scaletrain-open-run")
+            self._opener.start()
+        return self
+
+    def _open(self) -> None:
+        from scaletrain.tracking.mlflow_run import TrackingRun
+        from scaletrain.tracking.shipper import JournalShipper
+
+        known = recorded_run(self.run_dir)
+        if known:  # a resumed job continues its run
+            run = TrackingRun.reopen(self.config, known["uri"], known["run_id"], self.spec.attempt)
+        else:
+            spec = self.spec
+            run = TrackingRun.start(self.config, spec.run_id, spec.trace_id, self.engine,
+                                    spec.python_path, self.extra_tags)
+            write_text_atomic(self.run_dir / "tracking" / RUN_FILE,
+                              json.dumps({"uri": run.uri, "run_id": run.run_id}))
+            run.log_artifact(self.run_dir / "job.yaml")
+        run.start_system_metrics(self.config.tracking.system_metrics_every_s)
+        self.shipper = JournalShipper(run.uri, run.run_id, self.run_dir / "tracking", self.log).start()
+        self.spec.tracking_uri, self.spec.tracking_run_id = run.uri, run.run_id
+        self.run = run
+        self._ready.set()
+
+    def _keep_trying(self) -> None:
+        backoff = 1.0
+        while not self._closing.is_set():
+            if self._closing.wait(backoff):
+                return
+            try:
+                self._open()
+            except Exception:
+                backoff = min(self._max_backoff, backoff * 2)
+                continue
+            self.log.warning("tracking server reachable: opened MLflow run %s; sending the "
+                             "journaled metrics", self.run_id)
+            return
+
+    def close(self, summary: dict[str, Any], status: str, artifacts: list[tuple[Path, str | None]]) -> None:
+        """Deliver what is left within ``tracking.flush_timeout_s``, log ``artifacts``, end the run."""
+        timeout = self.config.tracking.flush_timeout_s
+        deadline = time.monotonic() + timeout
+        if self._opener is not None:
+            self._ready.wait(timeout)
+            self._closing.set()
+            self._opener.join()
+        if self.run is None:
+            self.log.warning(
+                "the tracking server never answered: no MLflow run for this attempt; its metrics "
+                "stay in %s (and metrics.jsonl)", self.run_dir / "tracking",
+            )
+            return
+        left = self.shipper.close(max(0.0, deadline - time.monotonic()))
+        if left:
+            self.log.warning(
+                "%d metric points could not be delivered to the tracking server; they are kept in "
+                "%s and sent by the next attempt", left, self.run_dir / "tracking",
+            )
+        try:
+            for path, artifact_path in artifacts:
+                self.run.log_artifact(path, artifact_path)
+            tags: dict[str, Any] = {"scaletrain.steps": summary.get("steps", 0)}
+            if summary.get("weights_sha256"):
+                tags["scaletrain.weights_sha256"] = summary["weights_sha256"]
+            self.run.finish(status, tags, restarts=summary.get("restarts", 0))
+        except Exception as exc:
+            self.log.warning("could not record the end of MLflow run %s (%s); the run directory "
+                             "has it all", self.run_id, _one_line(exc))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
