@@ -46,8 +46,9 @@ from scaletrain.checkpoint.retention import RetentionPolicy  # noqa: E402
 
 def adamw(model: nn.Module) -> torch.optim.Optimizer:
     params = list(model.parameters())
-    return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
-                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}], lr=1e-3)
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=1e-3)  # scaletrain's parameter groups
 
 
 STATES = {  # name -> (model factory, input factory)
@@ -90,78 +91,107 @@ def timed(fn) -> float:
     return time.perf_counter() - started
 
 
-def one_repeat(name: str, tmp: Path, async_saves: int) -> dict[str, float]:
-    """Every method once on a fresh folder; returns seconds (and bytes)."""
+def rotated(items: list, by: int) -> list:
+    return items[by % len(items):] + items[:by % len(items)]
+
+
+PAYLOADS: dict[str, bytes] = {}  # per state: random bytes as many as torch.save writes
+
+
+def one_repeat(name: str, tmp: Path, async_saves: int, rotate: int) -> dict[str, float]:
+    """Every method once on a fresh folder, saves then loads, each list rotated by ``rotate``
+    so no method always runs first; returns seconds (and bytes)."""
     model, optimizer = build(name)
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
-    row: dict[str, float] = {}
+    if name not in PAYLOADS:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        PAYLOADS[name] = os.urandom(buffer.tell())
+    payload = PAYLOADS[name]
+    row: dict[str, float] = {"bytes": len(payload)}
     work = tmp / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
 
-    def torch_save(path: Path, fsync: bool) -> None:
+    def write(path: Path, fsync: bool, data: bytes | None = None) -> None:
         with open(path, "wb") as handle:
-            torch.save(state, handle)
+            if data is None:
+                torch.save(state, handle)
+            else:
+                handle.write(data)
             if fsync:
                 handle.flush()
                 os.fsync(handle.fileno())
 
-    row["torch_save_s"] = timed(lambda: torch_save(work / "plain.pt", False))
-    row["bytes"] = (work / "plain.pt").stat().st_size
-    payload = os.urandom(int(row["bytes"]))
+    def sync_save() -> dict[str, float]:
+        sync = manager(work / "sync", tmp)
+        seconds = timed(lambda: sync.save(1, model, optimizer, {**TRAINER_STATE, "step": 1}, {}))
+        sync.close()
+        return {"st_sync_save_s": seconds}
 
-    def raw() -> None:
-        with open(work / "raw.bin", "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
+    def async_save() -> dict[str, float]:
+        stalls = []
+        asy = manager(work / "async", tmp, async_save=True)
+        for step in range(1, async_saves + 1):
+            trainer_state = {**TRAINER_STATE, "step": step}
+            stalls.append(timed(lambda: asy.save(step, model, optimizer, trainer_state, {})))
+            asy.wait_pending()  # commit before the next save: the stall is save()'s alone
+        asy.close()
+        return {"st_async_first_stall_s": stalls[0],
+                "st_async_steady_stall_s": statistics.median(stalls[1:])}
 
-    row["raw_write_fsync_s"] = timed(raw)
-    row["torch_save_fsync_s"] = timed(lambda: torch_save(work / "synced.pt", True))
+    def torch_loads() -> dict[str, float]:
+        fresh_model, fresh_opt = build(name, stepped=False)
+        load_only = timed(lambda: torch.load(work / "synced.pt", weights_only=True))
 
-    sync = manager(work / "sync", tmp)
-    row["st_sync_save_s"] = timed(lambda: sync.save(1, model, optimizer, {**TRAINER_STATE, "step": 1}, {}))
-    sync.close()
+        def load_into() -> None:
+            loaded = torch.load(work / "synced.pt", weights_only=True)
+            fresh_model.load_state_dict(loaded["model"])
+            fresh_opt.load_state_dict(loaded["optim"])
+
+        return {"torch_load_s": load_only, "torch_load_into_s": timed(load_into)}
+
+    def st_load() -> dict[str, float]:
+        fresh_model, fresh_opt = build(name, stepped=False)
+        reader = manager(work / "sync", tmp)
+        seconds = timed(lambda: reader.restore_latest(fresh_model, fresh_opt))
+        reader.close()
+        got = fresh_opt.state_dict()["state"][0]["exp_avg"]
+        assert torch.equal(got, state["optim"]["state"][0]["exp_avg"]), "optimizer not restored"
+        return {"st_load_s": seconds}
+
+    saves = [
+        lambda: {"raw_write_fsync_s": timed(lambda: write(work / "raw.bin", True, payload))},
+        lambda: {"torch_save_s": timed(lambda: write(work / "plain.pt", False))},
+        lambda: {"torch_save_fsync_s": timed(lambda: write(work / "synced.pt", True))},
+        sync_save,
+        async_save,
+    ]
+    for method in rotated(saves, rotate) + rotated([torch_loads, st_load], rotate):
+        row.update(method())
     row["st_bytes"] = sum(f.stat().st_size for f in (work / "sync").rglob("*") if f.is_file())
-
-    stalls = []
-    asy = manager(work / "async", tmp, async_save=True)
-    for step in range(1, async_saves + 1):
-        stalls.append(timed(lambda: asy.save(step, model, optimizer, {**TRAINER_STATE, "step": step}, {})))
-        asy.wait_pending()
-    asy.close()
-    row["st_async_first_stall_s"] = stalls[0]
-    row["st_async_steady_stall_s"] = statistics.median(stalls[1:])
-
-    row["torch_load_s"] = timed(lambda: torch.load(work / "synced.pt", weights_only=True))
-    fresh_model, fresh_opt = build(name, stepped=False)
-
-    def torch_load_into() -> None:
-        loaded = torch.load(work / "synced.pt", weights_only=True)
-        fresh_model.load_state_dict(loaded["model"])
-        fresh_opt.load_state_dict(loaded["optim"])
-
-    row["torch_load_into_s"] = timed(torch_load_into)
-    fresh_model, fresh_opt = build(name, stepped=False)
-    reader = manager(work / "sync", tmp)
-    row["st_load_s"] = timed(lambda: reader.restore_latest(fresh_model, fresh_opt))
-    assert torch.equal(fresh_opt.state_dict()["state"][0]["exp_avg"], state["optim"]["state"][0]["exp_avg"])
-    reader.close()
     shutil.rmtree(work)
     return row
 
 
-def profile_sync_save(name: str, tmp: Path, top: int = 15) -> str:
+def profile_st(name: str, tmp: Path, top: int = 15) -> str:
+    """cProfile of one scaletrain sync save (top ``top`` cumulative, top 10 by own time),
+    then of restore_latest into a fresh model/optimizer (top 12 cumulative)."""
     model, optimizer = build(name)
     sync = manager(tmp / "profiled", tmp)
-    profiler = cProfile.Profile()
-    profiler.runcall(sync.save, 1, model, optimizer, {**TRAINER_STATE, "step": 1}, {})
-    sync.close()
-    shutil.rmtree(tmp / "profiled")
     out = io.StringIO()
-    stats = pstats.Stats(profiler, stream=out).strip_dirs()
+    save_profile = cProfile.Profile()
+    save_profile.runcall(sync.save, 1, model, optimizer, {**TRAINER_STATE, "step": 1}, {})
+    sync.close()
+    stats = pstats.Stats(save_profile, stream=out).strip_dirs()
     stats.sort_stats("cumulative").print_stats(top)
     stats.sort_stats("tottime").print_stats(10)
+    fresh_model, fresh_opt = build(name, stepped=False)
+    load_profile = cProfile.Profile()
+    load_profile.runcall(manager(tmp / "profiled", tmp).restore_latest, fresh_model, fresh_opt)
+    out.write("restore_latest into a fresh model + optimizer:\n")
+    pstats.Stats(load_profile, stream=out).strip_dirs().sort_stats("cumulative").print_stats(12)
+    shutil.rmtree(tmp / "profiled")
     return out.getvalue()
 
 
@@ -177,15 +207,16 @@ def main() -> None:
     rows: dict[str, list[dict]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="scaletrain-ckpt-io-") as tmp:
         for name in names:  # warm-up: imports, first DCP call, allocator
-            one_repeat(name, Path(tmp), 2)
+            one_repeat(name, Path(tmp), 2, 0)
         for repeat in range(args.repeats):
             for name in names:
-                rows[name].append(one_repeat(name, Path(tmp), args.async_saves))
+                rows[name].append(one_repeat(name, Path(tmp), args.async_saves, repeat))
             print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
-        profile = profile_sync_save(args.profile_state, Path(tmp)) if args.profile_state else ""
+        profile = profile_st(args.profile_state, Path(tmp)) if args.profile_state else ""
 
     keys = ["raw_write_fsync_s", "torch_save_s", "torch_save_fsync_s", "st_sync_save_s",
-            "st_async_first_stall_s", "st_async_steady_stall_s", "torch_load_s", "torch_load_into_s", "st_load_s"]
+            "st_async_first_stall_s", "st_async_steady_stall_s",
+            "torch_load_s", "torch_load_into_s", "st_load_s"]
     summary = {}
     for name, reps in rows.items():
         s = {k: {"median": statistics.median(r[k] for r in reps), "min": min(r[k] for r in reps),
@@ -193,34 +224,34 @@ def main() -> None:
         med = {k: v["median"] for k, v in s.items()}
         s["bytes"], s["st_bytes"] = reps[0]["bytes"], reps[0]["st_bytes"]
         s["ratios"] = {
-            "st_sync/torch_save": med["st_sync_save_s"] / med["torch_save_s"],
-            "st_sync/torch_save_fsync": med["st_sync_save_s"] / med["torch_save_fsync_s"],
-            "async_steady_stall/st_sync": med["st_async_steady_stall_s"] / med["st_sync_save_s"],
-            "st_load/torch_load": med["st_load_s"] / med["torch_load_s"],
-            "st_load/torch_load_into": med["st_load_s"] / med["torch_load_into_s"],
+            "st sync / torch.save": med["st_sync_save_s"] / med["torch_save_s"],
+            "st sync / (torch.save+fsync)": med["st_sync_save_s"] / med["torch_save_fsync_s"],
+            "async steady stall / st sync": med["st_async_steady_stall_s"] / med["st_sync_save_s"],
+            "st load / torch.load": med["st_load_s"] / med["torch_load_s"],
+            "st load / (torch.load+load_state_dict)": med["st_load_s"] / med["torch_load_into_s"],
         }
         summary[name] = s
 
-    def cell(v: dict) -> str:
-        scale = 1000.0
-        return f"{v['median'] * scale:.1f} ({v['min'] * scale:.1f}-{v['max'] * scale:.1f})"
+    def ms(v: dict) -> str:
+        return f"{v['median'] * 1e3:.1f} ({v['min'] * 1e3:.1f}-{v['max'] * 1e3:.1f})"
 
-    print(f"\nms, median (min-max) of {args.repeats} interleaved repeats; async: {args.async_saves} saves/manager\n")
-    print("| state | bytes (torch.save / scaletrain) | " + " | ".join(k[:-2] for k in keys) + " |")
-    print("|---" * (len(keys) + 2) + "|")
-    for name, s in summary.items():
-        print(f"| {name} | {s['bytes']:,} / {s['st_bytes']:,} | " + " | ".join(cell(s[k]) for k in keys) + " |")
-    ratio_names = list(next(iter(summary.values()))["ratios"])
-    print("\n| state | " + " | ".join(ratio_names) + " |")
-    print("|---" * (len(ratio_names) + 1) + "|")
-    for name, s in summary.items():
-        print(f"| {name} | " + " | ".join(f"{s['ratios'][r]:.2f}" for r in ratio_names) + " |")
+    print(f"\nms, median (min-max) of {args.repeats} interleaved repeats; "
+          f"async: {args.async_saves} saves per manager, steady = median of saves 2..\n")
+    print("| | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")
+    print("| bytes: torch.save file | "
+          + " | ".join(f"{summary[n]['bytes']:,}" for n in names) + " |")
+    print("| bytes: scaletrain checkpoint | "
+          + " | ".join(f"{summary[n]['st_bytes']:,}" for n in names) + " |")
+    for k in keys:
+        print(f"| {k[:-2]} | " + " | ".join(ms(summary[n][k]) for n in names) + " |")
+    for r in summary[names[0]]["ratios"]:
+        print(f"| **{r}** | " + " | ".join(f"{summary[n]['ratios'][r]:.2f}" for n in names) + " |")
     if profile:
-        print(f"\ncProfile of one scaletrain sync save ({args.profile_state}):\n{profile}")
+        print(f"\ncProfile, {args.profile_state}: one scaletrain sync save\n{profile}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"repeats": args.repeats, "async_saves": args.async_saves,
-                                          "torch": torch.__version__, "results": summary,
-                                          "profile_top": profile[:6000]}, indent=2))
+    Path(args.out).write_text(json.dumps(
+        {"repeats": args.repeats, "async_saves": args.async_saves, "torch": torch.__version__,
+         "results": summary, "profile": profile[:12000]}, indent=2))
 
 
 if __name__ == "__main__":

@@ -150,7 +150,6 @@ def _run_attempt(
         )
         if preempted:
             summary.update(steps=exc.step, checkpoint_step=exc.checkpoint_step)
-        summary["mlflow_run_id"] = tracking.run_id if tracking else None
         _close(summary, run_dir, tracking, "KILLED" if interrupted else "FAILED")
         raise
     first_step_at = result.get("first_step_at")
@@ -168,7 +167,6 @@ def _run_attempt(
         weights=str(run_dir / WEIGHTS_FILE),
         logs=str(spec.logs_dir),
     )
-    summary["mlflow_run_id"] = tracking.run_id if tracking else None
     _close(summary, run_dir, tracking, "FINISHED")
     return summary
 
@@ -191,6 +189,8 @@ def _close(
     from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR
     from scaletrain.tracking.run_card import RUN_CARD_FILE
 
+    if tracking is not None:
+        summary["mlflow_run_id"] = tracking.finish_opening()
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     if tracking is None:
         return

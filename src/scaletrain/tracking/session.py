@@ -45,6 +45,7 @@ class TrackingSession:
         self._closing = threading.Event()
         self._max_backoff = max_backoff_s
         self._opener: threading.Thread | None = None
+        self._deadline: float | None = None  # set when the attempt ends
 
     @property
     def run_id(self) -> str | None:
@@ -101,14 +102,19 @@ class TrackingSession:
                              "journaled metrics", self.run_id)
             return
 
-    def close(self, summary: dict[str, Any], status: str, artifacts: list[tuple[Path, str | None]]) -> None:
-        """Deliver what is left within ``tracking.flush_timeout_s``, log ``artifacts``, end the run."""
-        timeout = self.config.tracking.flush_timeout_s
-        deadline = time.monotonic() + timeout
+    def finish_opening(self) -> str | None:
+        """At the end of the attempt: give a run still being opened up to
+        ``tracking.flush_timeout_s``; returns its id, or None if the tracker never answered."""
+        self._deadline = time.monotonic() + self.config.tracking.flush_timeout_s
         if self._opener is not None:
-            self._ready.wait(timeout)
+            self._ready.wait(self.config.tracking.flush_timeout_s)
             self._closing.set()
             self._opener.join()
+        return self.run_id
+
+    def close(self, summary: dict[str, Any], status: str, artifacts: list[tuple[Path, str | None]]) -> None:
+        """Deliver what is left within ``tracking.flush_timeout_s``, log ``artifacts``, end the run."""
+        deadline = self._deadline or time.monotonic() + self.config.tracking.flush_timeout_s
         if self.run is None:
             self.log.warning(
                 "the tracking server never answered: no MLflow run for this attempt; its metrics "
