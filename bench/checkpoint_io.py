@@ -176,7 +176,7 @@ def one_repeat(name: str, tmp: Path, async_saves: int, rotate: int) -> dict[str,
 
 def profile_st(name: str, tmp: Path, top: int = 15) -> str:
     """cProfile of one scaletrain sync save (top ``top`` cumulative, top 10 by own time),
-    then of restore_latest into a fresh model/optimizer (top 12 cumulative)."""
+    then of restore_latest into a fresh model/optimizer (top 20 cumulative)."""
     model, optimizer = build(name)
     sync = manager(tmp / "profiled", tmp)
     out = io.StringIO()
@@ -190,7 +190,7 @@ def profile_st(name: str, tmp: Path, top: int = 15) -> str:
     load_profile = cProfile.Profile()
     load_profile.runcall(manager(tmp / "profiled", tmp).restore_latest, fresh_model, fresh_opt)
     out.write("restore_latest into a fresh model + optimizer:\n")
-    pstats.Stats(load_profile, stream=out).strip_dirs().sort_stats("cumulative").print_stats(12)
+    pstats.Stats(load_profile, stream=out).strip_dirs().sort_stats("cumulative").print_stats(20)
     shutil.rmtree(tmp / "profiled")
     return out.getvalue()
 
@@ -201,8 +201,12 @@ def main() -> None:
     parser.add_argument("--async-saves", type=int, default=4, help="async saves per manager")
     parser.add_argument("--states", default=",".join(STATES))
     parser.add_argument("--profile-state", default="mlp_50m")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="intra-op threads; with 2 on a busy 2-core machine the async staging "
+                        "copies wait on descheduled OpenMP threads (stalls of 8-240 ms, bimodal)")
     parser.add_argument("--out", default=str(REPO / "bench/results/checkpoint_io.json"))
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     names = args.states.split(",")
     rows: dict[str, list[dict]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="scaletrain-ckpt-io-") as tmp:
@@ -235,7 +239,7 @@ def main() -> None:
     def ms(v: dict) -> str:
         return f"{v['median'] * 1e3:.1f} ({v['min'] * 1e3:.1f}-{v['max'] * 1e3:.1f})"
 
-    print(f"\nms, median (min-max) of {args.repeats} interleaved repeats; "
+    print(f"\nms, median (min-max) of {args.repeats} interleaved repeats, {args.threads} thread(s); "
           f"async: {args.async_saves} saves per manager, steady = median of saves 2..\n")
     print("| | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")
     print("| bytes: torch.save file | "
@@ -250,7 +254,8 @@ def main() -> None:
         print(f"\ncProfile, {args.profile_state}: one scaletrain sync save\n{profile}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(
-        {"repeats": args.repeats, "async_saves": args.async_saves, "torch": torch.__version__,
+        {"repeats": args.repeats, "async_saves": args.async_saves, "threads": args.threads,
+         "torch": torch.__version__,
          "results": summary, "profile": profile[:12000]}, indent=2))
 
 

@@ -137,13 +137,16 @@ class Trainer:
         while self.step < self.max_steps:
             step_out = self.train_step(batches, report=self._due(self.report_every))
             self.step += 1
-            window.add(step_out)
+            window.add(step_out, self.step)
             if result.first_step_at is None:
                 result.first_step_at = time.time()
-            if step_out.report:
-                result.train = self._report_train(step_out, window)
-                window = _Window(time.perf_counter(), self.step)
-            if self.eval_set is not None and train.eval_every and self.step % train.eval_every == 0:
+            eval_due = self.eval_set is not None and train.eval_every and self.step % train.eval_every == 0
+            save_due = bool(every_steps and self.step % every_steps == 0)
+            # Values of due steps stay on the device; one all-reduce and one host copy report
+            # them all at the console cadence (and before anything that shows them).
+            if window.pending and (self._due_now(train.log_every) or eval_due or save_due):
+                result.train = self._report_train(window)
+            if eval_due:
                 result.eval = self.run_eval()
             if self.faults is not None and self.faults.active:
                 self.faults.after_step(self.step)
@@ -155,6 +158,8 @@ class Trainer:
             )
             if decision.commit:
                 self.checkpoints.wait_pending()
+            if window.pending and (decision.stop or decision.save):
+                result.train = self._report_train(window)
             if decision.stop:
                 # Every rank agreed on this step: checkpoint it and stop cleanly.
                 result.preempted = decision.stop
@@ -162,10 +167,10 @@ class Trainer:
                     log.warning("stopping at step %d on %s; saving a checkpoint", self.step, decision.stop)
                 break
             # The last step's checkpoint is written after the final evaluation, below.
-            if self.checkpoints and self.step < self.max_steps and (
-                decision.save or (every_steps and self.step % every_steps == 0)
-            ):
+            if self.checkpoints and self.step < self.max_steps and (decision.save or save_due):
                 self.save_checkpoint()
+        if window.pending:
+            result.train = self._report_train(window)
         if result.preempted is None and self.eval_set is not None and (
             not train.eval_every or self.step % train.eval_every
         ):
@@ -298,28 +303,43 @@ class Trainer:
         next_step = self.step + 1
         return next_step % every == 0 or next_step == self.max_steps or next_step == 1
 
-    def _report_train(self, out: _StepOutput, window: _Window) -> dict[str, float]:
-        # One all-reduce packs the loss and every metric: the mean over all ranks.
-        names = sorted(out.metrics)
-        packed = torch.stack([out.loss, *(out.metrics[n] for n in names)]).float()
-        values = all_reduce_mean(packed).tolist()
-        loss = values[0]
-        if not math.isfinite(loss):
-            raise TrainingDiverged(
-                f"the loss became {loss} at step {self.step}; lower optim.lr, add warmup "
-                "(optim.warmup_steps) or set train.clip_grad_norm"
-            )
-        elapsed = time.perf_counter() - window.started
-        steps = self.step - window.start_step
-        metrics = {"loss": loss, **dict(zip(names, values[1:]))}
-        metrics["lr"] = out.lr
-        if out.grad_norm is not None:
-            metrics["grad_norm"] = float(out.grad_norm)
-        metrics["step_time_s"] = elapsed / steps
-        metrics["samples_per_s"] = steps * self.layout.global_batch / elapsed
-        metrics["data_wait_s"] = window.data_wait / steps
-        self.last_metrics.update({f"train/{k}": v for k, v in metrics.items()})
-        self.reporter.on_train_metrics(self.step, metrics)
+    def _due_now(self, every: int) -> bool:
+        return self.step % every == 0 or self.step == self.max_steps or self.step == 1
+
+    def _report_train(self, window: _Window) -> dict[str, float]:
+        """Report every pending step; returns the last one's metrics.
+
+        One all-reduce packs the loss and every metric of every pending step: the mean over all
+        ranks. Gradient norms are the same on every rank after the gradient all-reduce."""
+        pending, window.pending = window.pending, []
+        names = sorted(pending[0][1].metrics)
+        rows = torch.stack(
+            [torch.stack([out.loss, *(out.metrics[n] for n in names)]).float() for _, out, _, _ in pending]
+        )
+        values = all_reduce_mean(rows).tolist()
+        norms = None
+        if pending[0][1].grad_norm is not None:
+            norms = torch.stack([out.grad_norm for _, out, _, _ in pending]).float().tolist()
+        metrics: dict[str, float] = {}
+        for index, (step, out, ended, data_wait) in enumerate(pending):
+            loss = values[index][0]
+            if not math.isfinite(loss):
+                raise TrainingDiverged(
+                    f"the loss became {loss} at step {step}; lower optim.lr, add warmup "
+                    "(optim.warmup_steps) or set train.clip_grad_norm"
+                )
+            steps = step - window.start_step
+            elapsed = ended - window.started
+            metrics = {"loss": loss, **dict(zip(names, values[index][1:]))}
+            metrics["lr"] = out.lr
+            if norms is not None:
+                metrics["grad_norm"] = norms[index]
+            metrics["step_time_s"] = elapsed / steps
+            metrics["samples_per_s"] = steps * self.layout.global_batch / elapsed
+            metrics["data_wait_s"] = (data_wait - window.data_wait_at_start) / steps
+            window.started, window.start_step, window.data_wait_at_start = ended, step, data_wait
+            self.last_metrics.update({f"train/{k}": v for k, v in metrics.items()})
+            self.reporter.on_train_metrics(step, metrics)
         return metrics
 
     def _to_device(self, batch: Any) -> Any:
@@ -353,11 +373,16 @@ class _StepOutput:
 
 @dataclass
 class _Window:
-    """Timing since the last report, so samples/s is averaged over the reporting window."""
+    """Timing since the last reported step (samples/s is averaged over it), and the steps whose
+    values wait on the device to be reported: (step, output, end time, data wait so far)."""
 
     started: float
     start_step: int
-    data_wait: float = 0.0
+    data_wait: float = 0.0  # seconds waited for data since the loop started
+    data_wait_at_start: float = 0.0
+    pending: list[tuple[int, _StepOutput, float, float]] = field(default_factory=list)
 
-    def add(self, out: _StepOutput) -> None:
+    def add(self, out: _StepOutput, step: int) -> None:
         self.data_wait += out.data_wait
+        if out.report:
+            self.pending.append((step, out, time.perf_counter(), self.data_wait))
