@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from scaletrain.tracking.journal import MetricJournal
-from scaletrain.tracking.sender import MetricSender, configure_mlflow_client
+from scaletrain.tracking.sender import MetricSender, configure_mlflow_client, lower_this_thread_priority
 
 __all__ = ["JournalShipper"]
 
@@ -47,6 +47,7 @@ class JournalShipper:
             self.sender.submit(fresh)
 
     def _run(self) -> None:
+        lower_this_thread_priority()
         while not self._stop.wait(self._poll):
             self._read_new()
 
