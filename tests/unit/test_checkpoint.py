@@ -195,3 +195,18 @@ def test_checkpoint_section_rejects_bad_values(tmp_path):
 def _no_fault_leaks():
     yield
     assert FAULT_ENV not in os.environ
+
+
+def test_a_failing_delete_is_a_warning_and_training_goes_on(tmp_path, monkeypatch):
+    def refuse(self, name):
+        raise PermissionError(f"read-only: {name}")
+
+    monkeypatch.setattr(LocalStorage, "delete", refuse)
+    summary = scaletrain.run(toy_job(tmp_path, train={"max_steps": 30},
+                                     checkpoint={"every_steps": 10, "keep_last": 1}))
+    assert summary["status"] == "finished" and summary["steps"] == 30
+    assert sorted(p.name for p in checkpoints_of(summary).iterdir()) == [
+        "step-00000010", "step-00000020", "step-00000030"]
+    log = (Path(summary["run_dir"]) / "logs" / "worker-0.jsonl").read_text().splitlines()
+    warnings = [json.loads(line)["message"] for line in log if "could not delete checkpoint" in line]
+    assert warnings[0] == "could not delete checkpoint step-00000010: PermissionError: read-only: step-00000010"
