@@ -140,6 +140,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=90, help="seconds before a run counts as hung")
+    parser.add_argument("--variants", default="scaletrain,torchrun,torchrun-shared")
     parser.add_argument("--out", default=str(REPO / "bench/results/recovery_time.json"))
     args = parser.parse_args()
     variants = {
@@ -147,11 +148,12 @@ def main() -> None:
         "torchrun": lambda tmp: run_torchrun(tmp, args.timeout, fresh_store=True),
         "torchrun-shared": lambda tmp: run_torchrun(tmp, args.timeout, fresh_store=False),
     }
+    variants = {name: variants[name] for name in args.variants.split(",")}
     results: dict[str, list[dict]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix="scaletrain-recovery-") as tmp:
         for repeat in range(args.repeats):
             names = list(variants)
-            for name in names[repeat % 3:] + names[:repeat % 3]:
+            for name in names[repeat % len(names):] + names[:repeat % len(names)]:
                 results[name].append(variants[name](Path(tmp)))
                 row = results[name][-1]
                 print(f"repeat {repeat + 1} {name}: " + json.dumps({k: v for k, v in row.items()
@@ -173,7 +175,8 @@ def main() -> None:
         values = [r["recovery_s"] for r in results[name] if "recovery_s" in r]
         return statistics.median(values) if values else None
 
-    ratio = median("scaletrain") / median("torchrun") if median("scaletrain") and median("torchrun") else None
+    both = all(n in results and median(n) for n in ("scaletrain", "torchrun"))
+    ratio = median("scaletrain") / median("torchrun") if both else None
     print(f"\nrecovery ratio scaletrain / torchrun (medians): {ratio:.2f}" if ratio else "\nno ratio")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"repeats": args.repeats, "steps": STEPS, "every": EVERY,

@@ -133,42 +133,14 @@ class Trainer:
         self.reporter.on_start(total_steps=self.max_steps, start_step=self.step)
         window = _Window(time.perf_counter(), self.step)
         self.model.train()
-        every_steps = self.job.checkpoint.every_steps if self.checkpoints else None
         while self.step < self.max_steps:
             step_out = self.train_step(batches, report=self._due(self.report_every))
             self.step += 1
             window.add(step_out, self.step)
             if result.first_step_at is None:
                 result.first_step_at = time.time()
-            eval_due = self.eval_set is not None and train.eval_every and self.step % train.eval_every == 0
-            save_due = bool(every_steps and self.step % every_steps == 0)
-            # Values of due steps stay on the device; one all-reduce and one host copy report
-            # them all at the console cadence (and before anything that shows them).
-            if window.pending and (self._due_now(train.log_every) or eval_due or save_due):
-                result.train = self._report_train(window)
-            if eval_due:
-                result.eval = self.run_eval()
-            if self.faults is not None and self.faults.active:
-                self.faults.after_step(self.step)
-            self.reporter.on_step(self.step)
-            decision = self.control.check(
-                self.step,
-                async_ready=self.checkpoints is None or self.checkpoints.pending_ready,
-                async_pending=self.checkpoints is not None and self.checkpoints.has_pending,
-            )
-            if decision.commit:
-                self.checkpoints.wait_pending()
-            if window.pending and (decision.stop or decision.save):
-                result.train = self._report_train(window)
-            if decision.stop:
-                # Every rank agreed on this step: checkpoint it and stop cleanly.
-                result.preempted = decision.stop
-                if self.env.is_main:
-                    log.warning("stopping at step %d on %s; saving a checkpoint", self.step, decision.stop)
+            if self._between_steps(window, result):
                 break
-            # The last step's checkpoint is written after the final evaluation, below.
-            if self.checkpoints and self.step < self.max_steps and (decision.save or save_due):
-                self.save_checkpoint()
         if window.pending:
             result.train = self._report_train(window)
         if result.preempted is None and self.eval_set is not None and (
@@ -177,9 +149,7 @@ class Trainer:
             result.eval = self.run_eval()
         if self.checkpoints is not None:
             self.checkpoints.wait_pending()
-            due = result.preempted or self.job.checkpoint.at_end or (
-                every_steps and self.step % every_steps == 0
-            )
+            due = result.preempted or self.job.checkpoint.at_end or self._save_due()
             if due and self.checkpoints.last_saved_step != self.step:
                 self.save_checkpoint()
             self.checkpoints.close()
@@ -188,6 +158,43 @@ class Trainer:
         result.weights_sha256 = state_dict_sha256(self.strategy.unwrap(self.model).state_dict())
         self.reporter.on_end()
         return result
+
+    def _between_steps(self, window: _Window, result: TrainResult) -> bool:
+        """Report, evaluate, agree with the other ranks on stopping or saving, checkpoint.
+        Returns True when every rank stops here (preemption)."""
+        every_eval = self.job.train.eval_every
+        eval_due = self.eval_set is not None and every_eval and self.step % every_eval == 0
+        # Values of due steps stay on the device; one all-reduce and one host copy report
+        # them all at the console cadence, and before anything that shows them.
+        if window.pending and (self._due_now(self.job.train.log_every) or eval_due or self._save_due()):
+            result.train = self._report_train(window)
+        if eval_due:
+            result.eval = self.run_eval()
+        if self.faults is not None and self.faults.active:
+            self.faults.after_step(self.step)
+        self.reporter.on_step(self.step)
+        decision = self.control.check(
+            self.step,
+            async_ready=self.checkpoints is None or self.checkpoints.pending_ready,
+            async_pending=self.checkpoints is not None and self.checkpoints.has_pending,
+        )
+        if decision.commit:
+            self.checkpoints.wait_pending()
+        if window.pending and (decision.stop or decision.save):
+            result.train = self._report_train(window)
+        if decision.stop:
+            result.preempted = decision.stop
+            if self.env.is_main:
+                log.warning("stopping at step %d on %s; saving a checkpoint", self.step, decision.stop)
+            return True
+        # The last step's checkpoint is written after the final evaluation.
+        if self.checkpoints and self.step < self.max_steps and (decision.save or self._save_due()):
+            self.save_checkpoint()
+        return False
+
+    def _save_due(self) -> bool:
+        every = self.job.checkpoint.every_steps
+        return bool(self.checkpoints and every and self.step % every == 0)
 
     # ------------------------------------------------------------------ checkpoints
 
