@@ -108,7 +108,7 @@ class Trainer:
         )
         self.step = 0  # optimizer steps completed
         self.resumed_from_step: int | None = None
-        self.last_metrics: dict[str, float] = {}  # the newest train/* and eval/* values
+        self.last_metrics: dict[str, tuple[int, float]] = {}  # train/*, eval/*: (step, value)
         tracking_every = job.tracking.log_every_steps if job.tracking.enabled else None
         self.report_every = min(job.train.log_every, tracking_every or job.train.log_every)
 
@@ -215,9 +215,9 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         self._pet_watchdog()
-        self.checkpoints.save(
-            self.step, self.model, self.optimizer, self.trainer_state(), self.last_metrics
-        )
+        # The manifest records the metrics of this very step (for keep_best), nothing older.
+        metrics = {k: v for k, (step, v) in self.last_metrics.items() if step == self.step}
+        self.checkpoints.save(self.step, self.model, self.optimizer, self.trainer_state(), metrics)
         self.control.saved()
 
     def restore(self, only: str | None = None) -> int | None:
@@ -300,7 +300,7 @@ class Trainer:
             self._to_device,
             lambda: autocast(self.device, self.job.train.precision),
         )
-        self.last_metrics.update({f"eval/{k}": v for k, v in metrics.items()})
+        self.last_metrics.update({f"eval/{k}": (self.step, v) for k, v in metrics.items()})
         self.reporter.on_eval_metrics(self.step, metrics)
         return metrics
 
@@ -345,7 +345,7 @@ class Trainer:
             metrics["samples_per_s"] = steps * self.layout.global_batch / elapsed
             metrics["data_wait_s"] = (data_wait - window.data_wait_at_start) / steps
             window.started, window.start_step, window.data_wait_at_start = ended, step, data_wait
-            self.last_metrics.update({f"train/{k}": v for k, v in metrics.items()})
+            self.last_metrics.update({f"train/{k}": (step, v) for k, v in metrics.items()})
             self.reporter.on_train_metrics(step, metrics)
         return metrics
 
