@@ -239,7 +239,8 @@ def main() -> None:
     def ms(v: dict) -> str:
         return f"{v['median'] * 1e3:.1f} ({v['min'] * 1e3:.1f}-{v['max'] * 1e3:.1f})"
 
-    print(f"\nms, median (min-max) of {args.repeats} interleaved repeats, {args.threads} thread(s); "
+    print(f"\nms, median (min-max) of {args.repeats} interleaved repeats, "
+          f"{args.threads} thread(s); "
           f"async: {args.async_saves} saves per manager, steady = median of saves 2..\n")
     print("| | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")
     print("| bytes: torch.save file | "

@@ -36,9 +36,9 @@ from common import BIN, REPO  # noqa: E402
 STEPS, EVERY, KILL_STEP = 300, 50, 120
 
 
-def run(args: list[str], env: dict, timeout: float, cwd: Path = REPO) -> tuple[int | None, str, str]:
+def run(args: list[str], env: dict, timeout: float) -> tuple[int | None, str, str]:
     """Run in a session of its own; past ``timeout``: SIGTERM, then SIGKILL to that session."""
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -53,8 +53,8 @@ def run(args: list[str], env: dict, timeout: float, cwd: Path = REPO) -> tuple[i
         return None, out, err  # None: timed out
 
 
-def phases(steps: list[tuple[float, int]], up: float | None, resumed: float | None, resumed_step: int | None,
-           wall: float, rc: int | None, done: bool) -> dict:
+def phases(steps: list[tuple[float, int]], up: float | None, resumed: float | None,
+           resumed_step: int | None, wall: float, rc: int | None, done: bool) -> dict:
     """steps: (time, step) of rank 0 in log order; the restart is where the step goes back."""
     row = {"wall_s": wall, "rc": rc, "completed": done}
     cut = next((i for i in range(1, len(steps)) if steps[i][1] <= steps[i - 1][1]), None)
@@ -64,7 +64,8 @@ def phases(steps: list[tuple[float, int]], up: float | None, resumed: float | No
     row.update(recovery_s=t_first - t_last, last_before_kill=last, resumed_from=resumed_step,
                first_after=first, lost_steps=last - (first - 1))
     if up is not None and resumed is not None:
-        row.update(to_up_s=up - t_last, up_to_resumed_s=resumed - up, resumed_to_step_s=t_first - resumed)
+        row.update(to_up_s=up - t_last, up_to_resumed_s=resumed - up,
+                   resumed_to_step_s=t_first - resumed)
     return row
 
 
@@ -107,14 +108,16 @@ def run_torchrun(tmp: Path, timeout: float, fresh_store: bool) -> dict:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     started = time.time()
     rc, _, err = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                      "--max-restarts", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
+                      "--max-restarts", "1", "--rdzv-backend", "c10d",
+                      "--rdzv-endpoint", "127.0.0.1:0",
                       "bench/baselines/ddp_digits_resumable.py", "--steps", str(STEPS),
                       "--save-every", str(EVERY), "--kill-step", str(KILL_STEP),
                       "--ckpt", str(folder / "ckpt.pt"), "--log-file", str(folder / "log.jsonl")],
                      env, timeout)
     wall = time.time() - started
     log_file = folder / "log.jsonl"
-    log = [json.loads(line) for line in log_file.read_text().splitlines()] if log_file.exists() else []
+    lines = log_file.read_text().splitlines() if log_file.exists() else []
+    log = [json.loads(line) for line in lines]
     steps = [(r["t"], r["step"]) for r in log if r["event"] == "step"]
     ups = [r["imported"] for r in log if r["event"] == "start" and r["attempt"] == 1]
     resumed = [r for r in log if r["event"] == "resumed"]
@@ -123,7 +126,8 @@ def run_torchrun(tmp: Path, timeout: float, fresh_store: bool) -> dict:
                  any(r["event"] == "done" and r["step"] == STEPS for r in log))
     row["attempts_started"] = len({r["attempt"] for r in log if r["event"] == "start"})
     if rc != 0:
-        row["stderr_tail"] = [line for line in err.splitlines() if "exitcode" in line or "Error" in line][-6:]
+        tail = [ln for ln in err.splitlines() if "exitcode" in ln or "Error" in ln]
+        row["stderr_tail"] = tail[-6:]
     return row
 
 
@@ -139,7 +143,8 @@ def stat(rows: list[dict], key: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=90, help="seconds before a run counts as hung")
+    parser.add_argument("--timeout", type=float, default=90,
+                        help="seconds before a run counts as hung")
     parser.add_argument("--variants", default="scaletrain,torchrun,torchrun-shared")
     parser.add_argument("--out", default=str(REPO / "bench/results/recovery_time.json"))
     args = parser.parse_args()
@@ -177,7 +182,8 @@ def main() -> None:
 
     both = all(n in results and median(n) for n in ("scaletrain", "torchrun"))
     ratio = median("scaletrain") / median("torchrun") if both else None
-    print(f"\nrecovery ratio scaletrain / torchrun (medians): {ratio:.2f}" if ratio else "\nno ratio")
+    print(f"\nrecovery ratio scaletrain / torchrun (medians): {ratio:.2f}" if ratio
+          else "\nno ratio")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"repeats": args.repeats, "steps": STEPS, "every": EVERY,
                                           "kill_step": KILL_STEP, "recovery_ratio": ratio,

@@ -51,7 +51,8 @@ def main() -> None:
 
     def log(event: str, **fields) -> None:
         if log_file is not None:
-            log_file.write(json.dumps({"event": event, "t": time.time(), "attempt": attempt, **fields}) + "\n")
+            row = {"event": event, "t": time.time(), "attempt": attempt, **fields}
+            log_file.write(json.dumps(row) + "\n")
             log_file.flush()
 
     log("start", started=STARTED, imported=imported)

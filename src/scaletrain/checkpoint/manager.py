@@ -9,14 +9,12 @@ warning when the newest is damaged.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import re
 import shutil
 import threading
 import time
-import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +22,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_state_dict,
-)
 
 from scaletrain.checkpoint.manifest import FileEntry, Manifest, ManifestError, hash_files
 from scaletrain.checkpoint.retention import RetentionPolicy, to_delete
@@ -42,10 +33,6 @@ __all__ = ["CheckpointManager", "Restored", "TRAINER_STATE_FILE", "CheckpointErr
 TRAINER_STATE_FILE = "trainer.json"
 log = logging.getLogger("scaletrain.checkpoint")
 
-# DCP announces "assuming single process" on every call without a process group.
-warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process.*")
-
 
 class CheckpointError(ScaletrainError):
     """A checkpoint cannot be used (message says why and what to do)."""
@@ -56,20 +43,6 @@ class Restored:
     name: str
     step: int
     trainer_state: dict[str, Any]
-
-
-class _SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's default planner unpickles non-tensor items with ``weights_only=False``; ours
-    reads them with the restricted unpickler (optimizer hyperparameters are plain data)."""
-
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        loaded = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            from torch.distributed.checkpoint._nested_dict import set_element  # noqa: PLC0415
-
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = loaded
 
 
 @dataclass
@@ -131,21 +104,18 @@ class CheckpointManager:
             state = {**trainer_state, **self.identity, "step": step, "world_size": self.world_size}
             (staging / TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
         self._barrier()
-        model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions())
-        state_dict = {"model": model_sd, "optim": optim_sd}
+        from scaletrain.checkpoint import dcp_io
+
+        state = dcp_io.state_of(model, optimizer)
         if not self.async_save:
-            dcp.save(state_dict, checkpoint_id=str(staging), process_group=self.group)
+            dcp_io.save(state, str(staging), self.group)
             self._crash_point(step)
             entries = self._hash_and_publish(name, staging)
             self._commit(name, step, staging, metrics, entries)
             return
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-        if self._stager is None:  # reused: its CPU copies of the state are allocated once
-            self._stager = DefaultStager(StagingOptions(False, False, False, False))
-        future = dcp.async_save(
-            state_dict, checkpoint_id=str(staging), process_group=self.group, async_stager=self._stager
-        )
+        if self._stager is None:
+            self._stager = dcp_io.new_stager()
+        future = dcp_io.async_save(state, str(staging), self.group, self._stager)
         pending = _Pending(name, step, staging, metrics, threading.Event())
         threading.Thread(
             target=self._finish_in_background, args=(pending, future), daemon=True,
@@ -290,11 +260,9 @@ class CheckpointManager:
         name, local_dir = choice[0]
         if isinstance(local_dir, str) and local_dir.startswith("error:"):
             raise CheckpointError(local_dir[len("error:"):])
-        model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions())
-        state_dict = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state_dict, checkpoint_id=local_dir, planner=_SafeLoadPlanner(), process_group=self.group)
-        set_state_dict(model, optimizer, model_state_dict=state_dict["model"],
-                       optim_state_dict=state_dict["optim"], options=StateDictOptions())
+        from scaletrain.checkpoint import dcp_io
+
+        dcp_io.load(model, optimizer, local_dir, self.group)
         trainer_state = json.loads(Path(local_dir, TRAINER_STATE_FILE).read_text(encoding="utf-8"))
         self.last_saved_step = step_of(name)
         return Restored(name, int(trainer_state["step"]), trainer_state)

@@ -169,8 +169,15 @@ def _train(
         job, task, env, placement, reporter,
         checkpoints=_checkpoints(spec, job, env, faults), control=control, faults=faults,
     )
-    if trainer.restore() is not None:
-        log.info("resumed", extra={"step": trainer.step, "attempt": restart_count()})
+    resumed_at = trainer.restore()
+    if restart_count() and env.is_main:  # the console's only sign that a worker failed
+        log.warning(
+            "restart %d of %d after a worker failure (its exit is in %s); %s",
+            restart_count(), job.recovery.max_restarts, spec.logs_dir / "launcher.jsonl",
+            f"resumed from step {resumed_at}" if resumed_at is not None else "no checkpoint yet: from step 0",
+        )
+    elif resumed_at is not None:
+        log.info("resumed", extra={"step": resumed_at})
     card_writer = None
     if env.is_main:  # off the critical path: the card is written while training starts
         card_writer = threading.Thread(
