@@ -24,6 +24,9 @@ app = typer.Typer(
 )
 
 JobArg = Annotated[str, typer.Argument(help="the YAML job file", show_default=False, metavar="JOB")]
+OutcomeJsonOpt = Annotated[
+    bool, typer.Option("--json", help="print one JSON object with the outcome on stdout")
+]
 SetOpt = Annotated[
     Optional[list[str]],
     typer.Option("--set", "-s", help="override a job key: --set optim.lr=3e-4 (repeatable)"),
@@ -59,9 +62,7 @@ def main(
 def run(
     job: JobArg,
     set_: SetOpt = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="print one JSON object with the outcome on stdout")
-    ] = False,
+    as_json: OutcomeJsonOpt = False,
 ) -> None:
     """Train a job: in this process for one worker, as local workers for more."""
     started_at = time.time()
@@ -97,9 +98,7 @@ def resume(
         ),
     ],
     set_: SetOpt = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="print one JSON object with the outcome on stdout")
-    ] = False,
+    as_json: OutcomeJsonOpt = False,
 ) -> None:
     """Continue a stopped, failed or preempted run from its newest verified checkpoint."""
     started_at = time.time()
