@@ -119,12 +119,12 @@ def _run_attempt(
 
     run_dir = Path(spec.run_dir)
     workers = config.scale.workers
+    spec.write()  # what the workers, the metric shipper and `scaletrain resume` start from
     tracking = None
     if config.tracking.enabled:
         from scaletrain.tracking.session import TrackingSession
 
         tracking = TrackingSession(config, spec, launcher.name, tracking_tags, _launcher_log).start()
-    spec.write()  # what `scaletrain resume` starts from
 
     summary: dict[str, Any] = {
         "status": "running",

@@ -18,7 +18,7 @@ from typing import Any
 
 from scaletrain.tracking.journal import MetricJournal, MetricPoint
 
-__all__ = ["MetricSender", "MAX_METRICS_PER_BATCH", "lower_this_thread_priority"]
+__all__ = ["MetricSender", "MAX_METRICS_PER_BATCH"]
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit (and 1 MB a request: ~100 B a point)
 
@@ -67,7 +67,6 @@ class MetricSender:
             return len(self._queue)
 
     def _run(self) -> None:
-        lower_this_thread_priority()
         client = None
         backoff = 0.5
         while True:
@@ -144,11 +143,3 @@ def configure_mlflow_client() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
-
-def lower_this_thread_priority(niceness: int = 19) -> None:
-    """Let training have the cores: on Linux a thread has its own nice value, so this lowers
-    only the calling thread (the sender's sqlite or HTTP work), not the process."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
-    except (AttributeError, OSError):  # not Linux, or not permitted: run at normal priority
-        pass

@@ -70,7 +70,7 @@ class TrackingSession:
 
     def _open(self) -> None:
         from scaletrain.tracking.mlflow_run import TrackingRun
-        from scaletrain.tracking.shipper import JournalShipper
+        from scaletrain.tracking.ship import ShipperProcess
 
         known = recorded_run(self.run_dir)
         if known:  # a resumed job continues its run
@@ -83,7 +83,10 @@ class TrackingSession:
                               json.dumps({"uri": run.uri, "run_id": run.run_id}))
             run.log_artifact(self.run_dir / "job.yaml")
         run.start_system_metrics(self.config.tracking.system_metrics_every_s)
-        self.shipper = JournalShipper(run.uri, run.run_id, self.run_dir / "tracking", self.log).start()
+        self.shipper = ShipperProcess(
+            run.uri, run.run_id, self.run_dir / "tracking", self.spec.logs_dir / "launcher.jsonl",
+            self.spec.run_id, self.spec.trace_id,
+        ).start()
         self.spec.tracking_uri, self.spec.tracking_run_id = run.uri, run.run_id
         self.run = run
         self._ready.set()
@@ -122,7 +125,10 @@ class TrackingSession:
             )
             return
         left = self.shipper.close(max(0.0, deadline - time.monotonic()))
-        if left:
+        if left < 0:
+            self.log.warning("the metric shipper did not report back; what it could not send "
+                             "stays in %s", self.run_dir / "tracking")
+        elif left:
             self.log.warning(
                 "%d metric points could not be delivered to the tracking server; they are kept in "
                 "%s and sent by the next attempt", left, self.run_dir / "tracking",

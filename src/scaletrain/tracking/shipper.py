@@ -1,7 +1,6 @@
-"""The launcher's side of the metric journal: tail it and ship new points to MLflow.
+"""Tail the metric journal and ship new points to MLflow (in the shipper process, ship.py).
 
-It runs in the launcher process, which is idle while the workers train. It starts from the
-journal's cursor, so points an earlier attempt could not deliver go first.
+It starts from the journal's cursor, so points an earlier attempt could not deliver go first.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ import threading
 from pathlib import Path
 
 from scaletrain.tracking.journal import MetricJournal
-from scaletrain.tracking.sender import MetricSender, configure_mlflow_client, lower_this_thread_priority
+from scaletrain.tracking.sender import MetricSender, configure_mlflow_client
 
 __all__ = ["JournalShipper"]
 
@@ -47,7 +46,6 @@ class JournalShipper:
             self.sender.submit(fresh)
 
     def _run(self) -> None:
-        lower_this_thread_priority()
         while not self._stop.wait(self._poll):
             self._read_new()
 
