@@ -1,24 +1,33 @@
-"""Tracking overhead: throughput with MLflow logging every step, against tracking off.
+"""Tracking overhead: what logging every step to MLflow costs training, measured three ways.
 
-Variants, interleaved (A B C D A B C D ...) so machine noise hits all alike; the console
-reports every 20 steps in all of them (train.log_every=20):
-  off         tracking off
-  embedded/1  MLflow sqlite store in a scratch folder, tracking.log_every_steps=1
-  server/1    a local `mlflow server` on 127.0.0.1, tracking.log_every_steps=1
-  off/1       tracking off, console every step (what reporting every step costs by itself)
-The tracking cost is embedded/1 and server/1 against off. Each run's points are counted in
-MLflow afterwards: every step of train/loss must be there.
+1. Critical path, precise. The extra work tracking puts in the training process itself (keep
+   each step's values, one journal line per step), in one process: blocks of 200 steps
+   alternate between a trainer with tracking off and one logging every step (same model, data
+   and production reporter sinks); median microseconds per step over the blocks. Machine noise
+   hits both alike, so differences of a few microseconds show.
+2. Tracker CPU. What delivering the points costs, off the training processes: the metric
+   shipper's CPU-seconds after its start-up (it reports them in launcher.jsonl) and, for the
+   server variant, the `mlflow server` process tree's, per training step. On a machine with a core to spare (a GPU
+   box) this costs training nothing; on one whose cores all train, it competes.
+3. End to end. `scaletrain run` on the job, interleaved (A B C A B C ...), steady-state steps/s
+   (first third skipped) with tracking off, on the embedded sqlite store and on a local
+   `mlflow server`, logging every step; the console reports every 20 steps in all of them.
+   With 2 workers (this machine's cores all train) and 1 worker (a core to spare). Every run's
+   train/loss points are counted in MLflow afterwards: each step must be there.
 
-    .venv/bin/python bench/tracking_overhead.py --repeats 4 --steps 2000
+    .venv/bin/python bench/tracking_overhead.py                     # quick: 3 repeats, 3000 steps
+    .venv/bin/python bench/tracking_overhead.py --repeats 6 --steps 6000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -27,49 +36,178 @@ from common import REPO, run_scaletrain, steady_steps_per_s  # noqa: E402
 sys.path.insert(0, str(REPO))
 from tests.helpers.servers import MlflowServer  # noqa: E402
 
+BLOCK_STEPS = 200
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=3000, help="steps with 2 workers (1: twice)")
+    parser.add_argument("--blocks", type=int, default=30, help="critical-path blocks per variant")
     parser.add_argument("--job", default="examples/digits.yaml")
+    parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
+    result = {"job": args.job, "steps": args.steps, "repeats": args.repeats,
+              "critical_path": critical_path(args.job, args.blocks)}
+    result["end_to_end"] = end_to_end(args.job, args.steps, args.repeats)
+    step_us = 1e6 / result["end_to_end"]["workers=2"]["steps_per_s"]["off"]["median"]
+    result["critical_path"]["extra_vs_2_worker_step"] = result["critical_path"]["extra_us_per_step"] / step_us
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+# ---------------------------------------------------------------------- 1. critical path
+
+def critical_path(job_file: str, blocks: int) -> dict:
+    """Per-step time of the training process with tracking off and every step, one process."""
+    import torch
+
+    from scaletrain.config.loading import load_job
+    from scaletrain.distributed.device import choose_placement
+    from scaletrain.distributed.env import DistEnv
+    from scaletrain.engine.trainer import Trainer, TrainResult, _Window
+    from scaletrain.launch.spec import RunSpec
+    from scaletrain.launch.worker import _reporter_for
+    from scaletrain.data.loader import train_loader
+    from scaletrain.task import build_task
+    from scaletrain.tracking.logs import LogContext
+
+    torch.set_num_threads(1)
+    tmp = Path(tempfile.mkdtemp(prefix="st-bench-"))
+    job_path = (REPO / job_file).resolve()
+
+    def trainer(tracking: bool) -> Trainer:
+        job = load_job(job_path, [
+            "scale.workers=1", "train.epochs=null", "train.max_steps=100000000",
+            "train.eval_every=null", "train.log_every=20",
+            f"tracking.enabled={str(tracking).lower()}", "tracking.log_every_steps=1",
+        ])
+        spec = RunSpec.in_dir(job.model_dump(mode="json"), tmp / ("on" if tracking else "off"),
+                              python_path=[str(job_path.parent)])
+        Path(spec.run_dir).mkdir(parents=True)
+        env = DistEnv()
+        reporter = _reporter_for(env, spec, job, LogContext(spec.run_id, spec.trace_id, 0))
+        task = build_task(job.task.target, job.task.args, spec.python_path)
+        built = Trainer(job, task, env, choose_placement(env), reporter)  # no checkpoints
+        built.bench_batches = iter(train_loader(
+            built.train_set, built.layout, rank=0, seed=job.seed, shuffle=True, start_step=0,
+            stop_step=built.max_steps, loader_workers=0, collate=built.collate, pin_memory=False,
+        ))
+        reporter.on_start(built.max_steps, 0)
+        built.bench_window, built.bench_result = _Window(time.perf_counter(), 0), TrainResult(steps=0)
+        return built
+
+    def block(t: Trainer) -> float:
+        """The loop of Trainer.fit, for BLOCK_STEPS steps; seconds per step."""
+        started = time.perf_counter()
+        for _ in range(BLOCK_STEPS):
+            out = t.train_step(t.bench_batches, report=t._due(t.report_every))
+            t.step += 1
+            t.bench_window.add(out, t.step)
+            t._between_steps(t.bench_window, t.bench_result)
+        return (time.perf_counter() - started) / BLOCK_STEPS
+
+    off, on = trainer(False), trainer(True)
+    for t in (off, on):  # warm up
+        block(t)
+    times: dict[str, list[float]] = {"off": [], "every step": []}
+    for _ in range(blocks):
+        times["off"].append(block(off))
+        times["every step"].append(block(on))
+    for t in (off, on):
+        t.reporter.on_end()
+    med = {name: statistics.median(v) * 1e6 for name, v in times.items()}
+    paired = [b / a - 1 for a, b in zip(times["off"], times["every step"])]
+    return {
+        "what": "one process, 1 thread, alternating blocks of 200 steps; tracking's extra work "
+                "in the training process (the journal line per step included)",
+        "us_per_step": {name: round(v, 1) for name, v in med.items()},
+        "extra_us_per_step": round(med["every step"] - med["off"], 1),
+        "extra_vs_1_process_step": med["every step"] / med["off"] - 1,
+        "extra_paired_median": statistics.median(paired),
+        "blocks": blocks,
+    }
+
+
+# ---------------------------------------------------------------------- 2 + 3. end to end
+
+def end_to_end(job: str, steps: int, repeats: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         server = MlflowServer(tmp).start()
         try:
-            base = [f"train.max_steps={args.steps}", "train.epochs=null", "train.eval_every=null",
-                    f"run_dir={tmp / 'runs'}"]
-            variants = {
-                "off": base + ["tracking.enabled=false", "train.log_every=20"],
-                "embedded/1": base + [f"tracking.uri=sqlite:///{tmp / 'embedded.db'}",
-                                      "train.log_every=20", "tracking.log_every_steps=1"],
-                "server/1": base + [f"tracking.uri={server.uri}", "train.log_every=20",
-                                    "tracking.log_every_steps=1"],
-                "off/1": base + ["tracking.enabled=false", "train.log_every=1"],
-            }
-            results: dict[str, list[float]] = {name: [] for name in variants}
-            delivered: dict[str, list[int]] = {name: [] for name in variants}
-            for _ in range(args.repeats):
-                for name, overrides in variants.items():
-                    summary = run_scaletrain(args.job, overrides)
-                    # Steady state: one-time costs at the start (importing mlflow, the run
-                    # card) are not per-step overhead.
-                    results[name].append(steady_steps_per_s(summary["run_dir"], skip=args.steps // 4))
-                    delivered[name].append(_points(summary))
+            out = {}
+            for workers in (2, 1):  # 1 worker steps about twice as fast: twice the steps
+                out[f"workers={workers}"] = _compare(job, steps * (3 - workers), repeats, workers, tmp, server)
         finally:
             server.stop()
-    medians = {name: statistics.median(v) for name, v in results.items()}
-    print(json.dumps({
-        "job": args.job, "steps": args.steps, "repeats": args.repeats,
-        "steps_per_s": {n: {"median": medians[n], "min": min(v), "max": max(v)} for n, v in results.items()},
-        "tracking_cost_vs_off": {
-            "embedded": 1 - medians["embedded/1"] / medians["off"],
-            "server": 1 - medians["server/1"] / medians["off"],
-        },
-        "console_every_step_cost": 1 - medians["off/1"] / medians["off"],
+    return out
+
+
+def _compare(job: str, steps: int, repeats: int, workers: int, tmp: Path, server: MlflowServer) -> dict:
+    base = [f"train.max_steps={steps}", "train.epochs=null", "train.eval_every=null",
+            f"run_dir={tmp / 'runs'}", f"scale.workers={workers}", "train.log_every=20"]
+    variants = {
+        "off": base + ["tracking.enabled=false"],
+        "embedded": base + [f"tracking.uri=sqlite:///{tmp / 'embedded.db'}", "tracking.log_every_steps=1"],
+        "server": base + [f"tracking.uri={server.uri}", "tracking.log_every_steps=1"],
+    }
+    speeds: dict[str, list[float]] = {name: [] for name in variants}
+    delivered: dict[str, list[int]] = {name: [] for name in variants}
+    shipper_ms: dict[str, list[float]] = {name: [] for name in variants}
+    server_ms: list[float] = []
+    for _ in range(repeats):
+        for name, overrides in variants.items():
+            server_cpu = _tree_cpu_s(server.proc.pid) if name == "server" else 0.0
+            summary = run_scaletrain(job, overrides)
+            if name == "server":
+                server_ms.append((_tree_cpu_s(server.proc.pid) - server_cpu) * 1e3 / steps)
+            # Steady state: the first third (the shipper importing mlflow, opening the store,
+            # the run card) is start-up, paid once per run, not per step.
+            speeds[name].append(steady_steps_per_s(summary["run_dir"], skip=steps // 3))
+            delivered[name].append(_points(summary))
+            cpu = _shipper_cpu_s(summary["run_dir"])
+            if cpu is not None:
+                shipper_ms[name].append(cpu * 1e3 / steps)
+    medians = {name: statistics.median(v) for name, v in speeds.items()}
+    return {
+        "steps_per_s": {n: {"median": medians[n], "min": min(v), "max": max(v)} for n, v in speeds.items()},
+        "cost_vs_off": {n: 1 - medians[n] / medians["off"] for n in ("embedded", "server")},
+        "noise_off_spread": (max(speeds["off"]) - min(speeds["off"])) / medians["off"],
+        "steps": steps,
+        "shipper_cpu_ms_per_step": {n: statistics.median(v) for n, v in shipper_ms.items() if v},
+        "server_cpu_ms_per_step": statistics.median(server_ms),
+        "training_cpu_ms_per_step": workers * 1e3 / medians["off"],
         "train_loss_points_delivered": delivered,
-    }, indent=2))
+    }
+
+
+def _shipper_cpu_s(run_dir: str) -> float | None:
+    log = Path(run_dir, "logs", "launcher.jsonl")
+    if not log.exists():
+        return None
+    for line in log.read_text().splitlines():
+        entry = json.loads(line)
+        if "shipper_cpu_s" in entry:  # after start-up: what sending the points cost
+            return entry["shipper_cpu_s"] - (entry.get("shipper_startup_cpu_s") or 0.0)
+    return None
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU-seconds of a process and its live children (the server's workers)."""
+    import psutil
+
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
 
 
 def _points(summary: dict) -> int:
@@ -83,4 +221,5 @@ def _points(summary: dict) -> int:
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     main()

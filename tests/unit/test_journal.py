@@ -9,9 +9,9 @@ def pending(journal):
 
 def test_points_survive_a_reopen_and_the_cursor_says_what_is_left(tmp_path):
     journal = MetricJournal(tmp_path)
-    first = journal.append({"train/loss": 1.5, "train/lr": 0.1}, step=1, timestamp_ms=1000)
-    second = journal.append({"train/loss": 1.2, "train/lr": 0.1}, step=2, timestamp_ms=2000)
-    assert [p.seq for p in first + second] == [1, 2, 3, 4]
+    journal.append([(1, 1000, {"train/loss": 1.5, "train/lr": 0.1})])
+    journal.append([(2, 2000, {"train/loss": 1.2, "train/lr": 0.1})])
+    assert [(p.seq, p.step) for p in pending(journal)] == [(1, 1), (2, 1), (3, 2), (4, 2)]
     journal.mark_sent(2)
     journal.close()
     with open(journal.path, "a") as handle:  # a crash mid-write leaves a torn last line
@@ -21,6 +21,6 @@ def test_points_survive_a_reopen_and_the_cursor_says_what_is_left(tmp_path):
         (3, "train/loss", 1.2, 2, 2000),
         (4, "train/lr", 0.1, 2, 2000),
     ]
-    assert reopened.append({"x": 1.0}, step=3, timestamp_ms=3000)[0].seq == 5
+    reopened.append([(3, 3000, {"x": 1.0}), (4, 4000, {"x": 2.0})])  # one write, two lines
     reopened.close()
-    assert [p.seq for p in pending(MetricJournal(tmp_path))] == [3, 4, 5]
+    assert [p.seq for p in pending(MetricJournal(tmp_path))] == [3, 4, 5, 6]

@@ -28,7 +28,7 @@ from scaletrain.errors import ScaletrainError
 from scaletrain.faults import FaultPlan
 from scaletrain.strategies import get_strategy
 from scaletrain.task import split_loss_output
-from scaletrain.tracking.reporter import Reporter
+from scaletrain.tracking.reporter import Reporter, StepReport
 
 __all__ = ["Trainer", "TrainResult", "TrainingDiverged"]
 
@@ -274,7 +274,7 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return _StepOutput(
-            loss=torch.stack(losses).float().mean() if report else None,
+            loss=_mean_loss(losses) if report else None,
             metrics=_mean_metrics(metric_rows, self.device) if report else {},
             grad_norm=grad_norm,
             lr=lr,
@@ -319,35 +319,39 @@ class Trainer:
         One all-reduce packs the loss and every metric of every pending step: the mean over all
         ranks. Gradient norms are the same on every rank after the gradient all-reduce."""
         pending, window.pending = window.pending, []
-        names = sorted(pending[0][1].metrics)
-        rows = torch.stack(
-            [torch.stack([out.loss, *(out.metrics[n] for n in names)]).float() for _, out, _, _ in pending]
-        )
-        values = all_reduce_mean(rows).tolist()
+        names = sorted(pending[0].out.metrics)
+        width = 1 + len(names)
+        values = all_reduce_mean(
+            torch.stack([v for p in pending for v in (p.out.loss, *(p.out.metrics[n] for n in names))])
+            .float()
+            .view(len(pending), width)
+        ).tolist()
         norms = None
-        if pending[0][1].grad_norm is not None:
-            norms = torch.stack([out.grad_norm for _, out, _, _ in pending]).float().tolist()
-        metrics: dict[str, float] = {}
-        for index, (step, out, ended, data_wait) in enumerate(pending):
+        if pending[0].out.grad_norm is not None:
+            norms = torch.stack([p.out.grad_norm for p in pending]).float().tolist()
+        reports: list[StepReport] = []
+        for index, p in enumerate(pending):
             loss = values[index][0]
             if not math.isfinite(loss):
                 raise TrainingDiverged(
-                    f"the loss became {loss} at step {step}; lower optim.lr, add warmup "
+                    f"the loss became {loss} at step {p.step}; lower optim.lr, add warmup "
                     "(optim.warmup_steps) or set train.clip_grad_norm"
                 )
-            steps = step - window.start_step
-            elapsed = ended - window.started
+            steps = p.step - window.start_step
+            elapsed = p.ended - window.started
             metrics = {"loss": loss, **dict(zip(names, values[index][1:]))}
-            metrics["lr"] = out.lr
+            metrics["lr"] = p.out.lr
             if norms is not None:
                 metrics["grad_norm"] = norms[index]
             metrics["step_time_s"] = elapsed / steps
             metrics["samples_per_s"] = steps * self.layout.global_batch / elapsed
-            metrics["data_wait_s"] = (data_wait - window.data_wait_at_start) / steps
-            window.started, window.start_step, window.data_wait_at_start = ended, step, data_wait
-            self.last_metrics.update({f"train/{k}": (step, v) for k, v in metrics.items()})
-            self.reporter.on_train_metrics(step, metrics)
-        return metrics
+            metrics["data_wait_s"] = (p.data_wait - window.data_wait_at_start) / steps
+            window.started, window.start_step, window.data_wait_at_start = p.ended, p.step, p.data_wait
+            reports.append(StepReport(p.step, metrics, p.wall_time))
+        last = reports[-1]
+        self.last_metrics.update({f"train/{k}": (last.step, v) for k, v in last.metrics.items()})
+        self.reporter.on_train_metrics(reports)
+        return last.metrics
 
     def _to_device(self, batch: Any) -> Any:
         if self.device.type == "cpu":
@@ -358,8 +362,20 @@ class Trainer:
         )
 
 
+def _mean_loss(losses: list[torch.Tensor]) -> torch.Tensor:
+    """The loss of one step: the mean over its micro-steps (no extra op for just one)."""
+    return losses[0] if len(losses) == 1 else torch.stack(losses).float().mean()
+
+
 def _mean_metrics(rows: list[dict[str, Any]], device: torch.device) -> dict[str, torch.Tensor]:
     """Per-metric mean over the micro-steps of one step."""
+    if len(rows) == 1:  # no extra ops for a scalar tensor, the common case
+        return {
+            name: value.detach()
+            if isinstance(value, torch.Tensor) and value.dim() == 0
+            else torch.as_tensor(value, device=device).detach().float().mean()
+            for name, value in rows[0].items()
+        }
     return {
         name: torch.stack(
             [torch.as_tensor(row[name], device=device).detach().float() for row in rows]
@@ -379,17 +395,28 @@ class _StepOutput:
 
 
 @dataclass
+class _Pending:
+    """A step whose values wait on the device to be reported."""
+
+    step: int
+    out: _StepOutput
+    ended: float  # perf_counter when the step ended
+    wall_time: float  # time.time() then, for the tracker
+    data_wait: float  # seconds waited for data since the loop started, up to this step
+
+
+@dataclass
 class _Window:
     """Timing since the last reported step (samples/s is averaged over it), and the steps whose
-    values wait on the device to be reported: (step, output, end time, data wait so far)."""
+    values wait on the device to be reported."""
 
     started: float
     start_step: int
     data_wait: float = 0.0  # seconds waited for data since the loop started
     data_wait_at_start: float = 0.0
-    pending: list[tuple[int, _StepOutput, float, float]] = field(default_factory=list)
+    pending: list[_Pending] = field(default_factory=list)
 
     def add(self, out: _StepOutput, step: int) -> None:
         self.data_wait += out.data_wait
         if out.report:
-            self.pending.append((step, out, time.perf_counter(), self.data_wait))
+            self.pending.append(_Pending(step, out, time.perf_counter(), time.time(), self.data_wait))

@@ -212,7 +212,7 @@ def _reporter_for(env: DistEnv, spec: RunSpec, job: JobConfig, context: LogConte
     sinks: list[Any] = [_StepTracker(context)]
     if env.is_main:
         sinks += [
-            MetricsFile(os.path.join(spec.run_dir, "metrics.jsonl")),
+            MetricsFile(os.path.join(spec.run_dir, "metrics.jsonl"), every=job.train.log_every),
             LogReporter(logging.getLogger(f"{LOGGER_NAME}.metrics"), every=job.train.log_every),
         ]
         if progress_wanted():

@@ -1,7 +1,8 @@
 """The metric journal: every point is on local disk before anyone tries to send it.
 
-``metrics.journal.jsonl`` holds points in order, one line per report (its first sequence
-number, step, timestamp and values: one ``json.dumps`` per step, not per point); ``metrics.journal.sent`` holds the highest sequence number delivered together
+``metrics.journal.jsonl`` holds points in order, one line per step (its first sequence
+number, step, timestamp and values: one ``json.dumps`` per step, not per point, and one write
+per report); ``metrics.journal.sent`` holds the highest sequence number delivered together
 with everything before it. A later attempt (or the same one after an outage) sends what lies
 past the cursor again. Points keep their original timestamp, so a point delivered twice is
 the same point, and MLflow's SQL store keeps it once.
@@ -72,25 +73,21 @@ class MetricJournal:
                 continue  # a line torn by a crash mid-write: its points were never acknowledged
         return points, offset + end
 
-    def append(self, key_values: dict[str, float], step: int, timestamp_ms: int) -> list[MetricPoint]:
-        """Write points and flush them to the OS (they survive SIGKILL of this process)."""
+    def append(self, rows: list[tuple[int, int, dict[str, float]]]) -> None:
+        """Write ``(step, timestamp_ms, {key: value})`` rows in one write and flush them to the
+        OS (they survive SIGKILL of this process)."""
         with self._lock:
             if self._file is None:
                 torn = self.path.exists() and self.path.stat().st_size > 0 and not self._ends_with_newline()
                 self._file = open(self.path, "a", encoding="utf-8")
                 if torn:  # a crash cut the last line short: start ours on a fresh one
                     self._file.write("\n")
-            first = self._next_seq
-            values = {key: float(value) for key, value in key_values.items()}
-            self._file.write(
-                json.dumps({"seq": first, "step": step, "ts": timestamp_ms, "values": values}) + "\n"
-            )
+            lines = []
+            for step, timestamp_ms, values in rows:
+                lines.append(json.dumps({"seq": self._next_seq, "step": step, "ts": timestamp_ms, "values": values}))
+                self._next_seq += len(values)
+            self._file.write("\n".join(lines) + "\n")
             self._file.flush()
-            self._next_seq += len(values)
-            return [
-                MetricPoint(first + i, key, value, step, timestamp_ms)
-                for i, (key, value) in enumerate(values.items())
-            ]
 
     def _ends_with_newline(self) -> bool:
         with open(self.path, "rb") as handle:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from scaletrain.tracking.journal import MetricJournal
-from scaletrain.tracking.reporter import NullReporter
+from scaletrain.tracking.reporter import NullReporter, StepReport
 
 __all__ = ["MlflowReporter"]
 
@@ -27,19 +27,22 @@ class MlflowReporter(NullReporter):
         self.total_steps = total_steps
         self.recorded = self.journal.last_steps()
 
-    def _record(self, prefix: str, step: int, metrics: dict[str, float]) -> None:
-        if step <= self.recorded.get(prefix, 0):  # redone after a restart: already journaled
-            return
-        self.journal.append(
-            {f"{prefix}/{k}": v for k, v in metrics.items()}, step, int(time.time() * 1000)
-        )
+    def _record(self, prefix: str, reports: list[StepReport]) -> None:
+        done = self.recorded.get(prefix, 0)  # steps redone after a restart are journaled already
+        rows = [
+            (r.step, int(r.wall_time * 1000), {f"{prefix}/{k}": float(v) for k, v in r.metrics.items()})
+            for r in reports
+            if r.step > done
+        ]
+        if rows:
+            self.journal.append(rows)
 
-    def on_train_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        if step % self.every == 0 or step == self.total_steps or step == 1:
-            self._record("train", step, metrics)
+    def on_train_metrics(self, reports: list[StepReport]) -> None:
+        every, last = self.every, self.total_steps
+        self._record("train", [r for r in reports if r.step % every == 0 or r.step in (1, last)])
 
     def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self._record("eval", step, metrics)
+        self._record("eval", [StepReport(step, metrics, time.time())])
 
     def on_end(self) -> None:
         self.journal.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from scaletrain.tracking.reporter import NullReporter
+from scaletrain.tracking.reporter import NullReporter, StepReport
 
 __all__ = ["ProgressBar", "progress_wanted"]
 
@@ -49,7 +49,8 @@ class ProgressBar(NullReporter):
     def on_step(self, step: int) -> None:
         self._progress.update(self._task_id, completed=step)
 
-    def on_train_metrics(self, step: int, metrics: dict[str, float]) -> None:
+    def on_train_metrics(self, reports: list[StepReport]) -> None:
+        metrics = reports[-1].metrics
         self._progress.update(
             self._task_id,
             loss=f"{metrics['loss']:.4f}",

@@ -1,13 +1,26 @@
-"""Where the loop's numbers go. The loop calls a Reporter; rank 0 fans out to the sinks."""
+"""Where the loop's numbers go. The loop calls a Reporter; rank 0 fans out to the sinks.
+
+Training metrics arrive in batches: the loop keeps each step's values on the device and
+reports every pending step at the console cadence, so a sink writes a batch with one call
+(one write, one flush) instead of one per step.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-__all__ = ["Reporter", "NullReporter", "Reporters", "MetricsFile", "LogReporter"]
+__all__ = ["Reporter", "StepReport", "NullReporter", "Reporters", "MetricsFile", "LogReporter"]
+
+
+@dataclass(frozen=True)
+class StepReport:
+    step: int
+    metrics: dict[str, float]
+    wall_time: float  # time.time() when the step ended
 
 
 class Reporter(Protocol):
@@ -15,7 +28,8 @@ class Reporter(Protocol):
 
     def on_step(self, step: int) -> None: ...
 
-    def on_train_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
+    def on_train_metrics(self, reports: list[StepReport]) -> None:
+        """Steps reported together, oldest first."""
 
     def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
 
@@ -31,7 +45,7 @@ class NullReporter:
     def on_step(self, step: int) -> None:
         pass
 
-    def on_train_metrics(self, step: int, metrics: dict[str, float]) -> None:
+    def on_train_metrics(self, reports: list[StepReport]) -> None:
         pass
 
     def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
@@ -53,9 +67,9 @@ class Reporters(NullReporter):
         for sink in self.sinks:
             sink.on_step(step)
 
-    def on_train_metrics(self, step: int, metrics: dict[str, float]) -> None:
+    def on_train_metrics(self, reports: list[StepReport]) -> None:
         for sink in self.sinks:
-            sink.on_train_metrics(step, metrics)
+            sink.on_train_metrics(reports)
 
     def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:
@@ -67,28 +81,44 @@ class Reporters(NullReporter):
 
 
 class MetricsFile(NullReporter):
-    """``metrics.jsonl`` in the run directory: one line per report, flushed as written."""
+    """``metrics.jsonl`` in the run directory: train metrics every ``every`` steps (the console
+    cadence; MLflow may take more), eval metrics always; flushed as written."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, every: int = 1):
         self.path = Path(path)
+        self.every = every
+        self.total_steps = 0
         self._file: IO[str] | None = None
         self._written: dict[str, int] = {}
 
     def on_start(self, total_steps: int, start_step: int) -> None:
+        self.total_steps = total_steps
         self._written = _last_rows(self.path)
         self._file = open(self.path, "a", encoding="utf-8")
 
-    def _write(self, split: str, step: int, metrics: dict[str, float]) -> None:
+    def _write(self, split: str, rows: list[tuple[int, dict[str, float]]]) -> None:
+        if self._file is None:
+            return
         # Steps redone after a restart from a checkpoint are already here (and identical).
-        if self._file is not None and step > self._written.get(split, 0):
-            self._file.write(json.dumps({"split": split, "step": step, **metrics}) + "\n")
+        done = self._written.get(split, 0)
+        lines = [
+            json.dumps({"split": split, "step": step, **metrics}) + "\n"
+            for step, metrics in rows
+            if step > done
+        ]
+        if lines:
+            self._file.write("".join(lines))
             self._file.flush()
 
-    def on_train_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self._write("train", step, metrics)
+    def on_train_metrics(self, reports: list[StepReport]) -> None:
+        every, last = self.every, self.total_steps
+        self._write(
+            "train",
+            [(r.step, r.metrics) for r in reports if r.step % every == 0 or r.step in (1, last)],
+        )
 
     def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self._write("eval", step, metrics)
+        self._write("eval", [(step, metrics)])
 
     def on_end(self) -> None:
         if self._file is not None:
@@ -107,9 +137,10 @@ class LogReporter(NullReporter):
     def on_start(self, total_steps: int, start_step: int) -> None:
         self.total_steps = total_steps
 
-    def on_train_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        if step % self.every == 0 or step in (1, self.total_steps):
-            self.logger.info("train metrics", extra={"step": step, "metrics": metrics})
+    def on_train_metrics(self, reports: list[StepReport]) -> None:
+        for report in reports:
+            if report.step % self.every == 0 or report.step in (1, self.total_steps):
+                self.logger.info("train metrics", extra={"step": report.step, "metrics": report.metrics})
 
     def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
         self.logger.info("eval metrics", extra={"step": step, "metrics": metrics})

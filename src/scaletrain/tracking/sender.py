@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import threading
 import time
 from collections import deque
@@ -18,7 +19,7 @@ from typing import Any
 
 from scaletrain.tracking.journal import MetricJournal, MetricPoint
 
-__all__ = ["MetricSender", "MAX_METRICS_PER_BATCH"]
+__all__ = ["MetricSender", "MAX_METRICS_PER_BATCH", "process_cpu_s"]
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit (and 1 MB a request: ~100 B a point)
 
@@ -45,6 +46,7 @@ class MetricSender:
         self._give_up_at = float("inf")
         self._failing_since: float | None = None
         self.delivered = 0
+        self.startup_cpu_s: float | None = None  # the process's CPU time once the client was ready
         self._thread = threading.Thread(target=self._run, name="scaletrain-metrics", daemon=True)
 
     def start(self) -> None:
@@ -89,6 +91,7 @@ class MetricSender:
             try:
                 if client is None:
                     client = self._client_factory()
+                    self.startup_cpu_s = process_cpu_s()
                 _log_batch(client, self._run_id, batch)
             except Exception as exc:  # network, server down, 5xx: keep the points, retry
                 self._on_failure(exc)
@@ -119,6 +122,11 @@ class MetricSender:
                 "in %s and sent when it is back",
                 type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "", self._journal.path,
             )
+
+
+def process_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return round(usage.ru_utime + usage.ru_stime, 3)
 
 
 def _log_batch(client: Any, run_id: str, batch: list[MetricPoint]) -> None:

@@ -124,7 +124,14 @@ class TrackingSession:
                 "stay in %s (and metrics.jsonl)", self.run_dir / "tracking",
             )
             return
-        left = self.shipper.close(max(0.0, deadline - time.monotonic()))
+        shipped = self.shipper.close(max(0.0, deadline - time.monotonic()))
+        left = shipped["left"]
+        self.log.info(
+            "metric shipper done: %s points delivered this attempt, %s CPU-seconds (%s of them "
+            "starting up)", shipped["delivered"], shipped["cpu_s"], shipped["startup_cpu_s"],
+            extra={"console": False, "points_delivered": shipped["delivered"],
+                   "shipper_cpu_s": shipped["cpu_s"], "shipper_startup_cpu_s": shipped["startup_cpu_s"]},
+        )
         if left < 0:
             self.log.warning("the metric shipper did not report back; what it could not send "
                              "stays in %s", self.run_dir / "tracking")

@@ -38,19 +38,23 @@ class ShipperProcess:
         )
         return self
 
-    def close(self, timeout_s: float) -> int:
-        """Points left undelivered after ``timeout_s`` (they stay in the journal)."""
+    def close(self, timeout_s: float) -> dict:
+        """``{"left": points left undelivered after timeout_s (they stay in the journal; -1:
+        unknown), "delivered": points sent, "cpu_s": the shipper's CPU time, "startup_cpu_s":
+        of which before it could send (importing mlflow, opening the store)}``."""
         assert self.proc is not None
+        unknown = {"left": -1, "delivered": None, "cpu_s": None, "startup_cpu_s": None}
         try:
             out, _ = self.proc.communicate(input=f"{timeout_s}\n", timeout=timeout_s + 30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.communicate()
-            return -1
+            return unknown
         try:
-            return int(json.loads(out.strip().splitlines()[-1])["left"])
-        except (ValueError, IndexError, KeyError):
-            return -1
+            report = json.loads(out.strip().splitlines()[-1])
+            return {**unknown, **report, "left": int(report["left"])}
+        except (ValueError, IndexError, KeyError, TypeError):
+            return unknown
 
 
 def _idle_priority() -> None:
@@ -66,6 +70,7 @@ def _idle_priority() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from scaletrain.tracking.logs import LAUNCHER_LOGGER_NAME, LogContext, setup_logging
+    from scaletrain.tracking.sender import process_cpu_s
     from scaletrain.tracking.shipper import JournalShipper
 
     from scaletrain.tracking.redact import Redactor
@@ -86,7 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         timeout = 30.0
     left = shipper.close(timeout)
-    print(json.dumps({"left": left}), flush=True)
+    print(json.dumps({
+        "left": left,
+        "delivered": shipper.sender.delivered,
+        "cpu_s": process_cpu_s(),
+        "startup_cpu_s": shipper.sender.startup_cpu_s,  # importing mlflow, opening the store
+    }), flush=True)
     undo()
     return 0
 
