@@ -95,7 +95,10 @@ def _launch(
 
         open_storage(config.checkpoint.dir)
     spec.job = config.model_dump(mode="json")
-    spec.threads = threads_per_worker(config.scale.workers, config.scale.threads_per_worker)
+    if config.scale.engine == "ray":  # the CPUs Ray reserves for each worker
+        spec.threads = config.scale.threads_per_worker or max(1, int(config.scale.cpus_per_worker))
+    else:
+        spec.threads = threads_per_worker(config.scale.workers, config.scale.threads_per_worker)
     spec.attempt += 1
     launcher = launcher_for(config)
     spec.logs_dir.mkdir(parents=True, exist_ok=True)

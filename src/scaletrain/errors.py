@@ -13,6 +13,7 @@ __all__ = [
     "WorkerFailedError",
     "RunInterrupted",
     "RunPreempted",
+    "MissingExtraError",
 ]
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request with a checkpoint; resumable
@@ -59,6 +60,12 @@ class WorkerFailedError(ScaletrainError):
         if bad_input:  # the worker failed on the user's input (e.g. a task it cannot import)
             self.exit_code = 2
         super().__init__(message)
+
+
+class MissingExtraError(ScaletrainError):
+    """The job asks for an optional part (Ray, S3) whose extra is not installed."""
+
+    exit_code = 2
 
 
 class RunInterrupted(ScaletrainError):

@@ -5,6 +5,7 @@ Bad input ends with one ``error: ...`` line and exit code 2; a failed run with e
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 import time
@@ -31,6 +32,34 @@ SetOpt = Annotated[
     Optional[list[str]],
     typer.Option("--set", "-s", help="override a job key: --set optim.lr=3e-4 (repeatable)"),
 ]
+
+class Engine(str, enum.Enum):
+    local = "local"
+    ray = "ray"
+
+
+EngineOpt = Annotated[
+    Optional[Engine],
+    typer.Option("--engine", help="who starts the workers (sets scale.engine)", show_default=False),
+]
+AddressOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--address",
+        help="ray engine: the cluster to join, e.g. 10.0.0.5:6379 (sets scale.address; "
+        "default RAY_ADDRESS, else a local Ray instance)",
+        show_default=False,
+    ),
+]
+
+
+def _scale_overrides(set_: list[str] | None, engine: Engine | None, address: str | None) -> list[str]:
+    overrides = list(set_ or [])
+    if engine:
+        overrides.append(f"scale.engine={engine.value}")
+    if address:
+        overrides.append(f"scale.address={json.dumps(address)}")
+    return overrides
 
 
 def _fail(exc: ScaletrainError) -> None:
@@ -62,13 +91,16 @@ def main(
 def run(
     job: JobArg,
     set_: SetOpt = None,
+    engine: EngineOpt = None,
+    address: AddressOpt = None,
     as_json: OutcomeJsonOpt = False,
 ) -> None:
-    """Train a job: in this process for one worker, as local workers for more."""
+    """Train a job: in this process for one worker, as local workers for more, or on Ray."""
     started_at = time.time()
     from scaletrain.api import run as run_job
 
-    _run_and_report(lambda: run_job(job, set_ or [], started_at=started_at), as_json)
+    overrides = _scale_overrides(set_, engine, address)
+    _run_and_report(lambda: run_job(job, overrides, started_at=started_at), as_json)
 
 
 def _run_and_report(start: Any, as_json: bool) -> None:
@@ -98,13 +130,16 @@ def resume(
         ),
     ],
     set_: SetOpt = None,
+    engine: EngineOpt = None,
+    address: AddressOpt = None,
     as_json: OutcomeJsonOpt = False,
 ) -> None:
     """Continue a stopped, failed or preempted run from its newest verified checkpoint."""
     started_at = time.time()
     from scaletrain.api import resume as resume_run
 
-    _run_and_report(lambda: resume_run(target, set_ or [], started_at=started_at), as_json)
+    overrides = _scale_overrides(set_, engine, address)
+    _run_and_report(lambda: resume_run(target, overrides, started_at=started_at), as_json)
 
 
 checkpoints_app = typer.Typer(help="List and verify checkpoints.", no_args_is_help=True)

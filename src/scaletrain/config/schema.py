@@ -98,13 +98,26 @@ class TrainConfig(Section):
 
 
 class ScaleConfig(Section):
-    workers: PositiveInt = Field(1, description="training processes on this machine")
-    engine: Literal["local"] = Field("local", description="who starts the workers")
+    workers: PositiveInt = Field(1, description="training processes (on this machine, or on the Ray cluster)")
+    engine: Literal["local", "ray"] = Field(
+        "local", description="who starts the workers: local (torch elastic) or ray (Ray Train)"
+    )
+    address: str | None = Field(
+        None,
+        description="ray engine: the cluster to join (default: RAY_ADDRESS; none: start a local "
+        "Ray instance for the run)",
+    )
     strategy: Literal["auto", "single", "ddp"] = Field(
         "auto", description="auto: single for 1 worker, ddp for more"
     )
     threads_per_worker: PositiveInt | None = Field(
-        None, description="intra-op threads per worker (default: cores / workers)"
+        None,
+        description="intra-op threads per worker (default: local: cores / workers; ray: "
+        "cpus_per_worker)",
+    )
+    cpus_per_worker: PositiveFloat = Field(1, description="ray engine: CPUs Ray reserves per worker")
+    gpus_per_worker: NonNegativeFloat | None = Field(
+        None, description="ray engine: GPUs per worker (default: 1 when the cluster has GPUs, else 0)"
     )
 
     @model_validator(mode="after")

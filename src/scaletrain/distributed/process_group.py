@@ -21,10 +21,15 @@ def process_group(env: DistEnv, placement: Placement, timeout_s: float = 600) ->
 
     Reads MASTER_ADDR/MASTER_PORT (or the agent's store) through ``env://``, as torchrun and
     Ray Train set them. On a clean exit all ranks meet at a barrier before the group is
-    destroyed, so no rank tears down a connection another rank is still using.
+    destroyed, so no rank tears down a connection another rank is still using. A group the
+    engine created (Ray Train does) is used as it is and left for the engine to destroy.
     """
     if not env.is_distributed:
         yield
+        return
+    if _is_distributed():
+        yield
+        dist.barrier()
         return
     kwargs = {}
     if placement.device.type == "cuda":

@@ -10,7 +10,17 @@ __all__ = ["Launcher", "launcher_for"]
 
 def launcher_for(job: JobConfig) -> Launcher:
     """One worker runs in-process, unless it must survive its own death (restarts); more go to
-    the job's engine."""
+    the job's engine. The ray engine is used whenever the job asks for it."""
+    if job.scale.engine == "ray":
+        from scaletrain.launch.ray_engine import RayLauncher
+
+        return RayLauncher(
+            address=job.scale.address,
+            max_restarts=job.recovery.max_restarts,
+            cpus_per_worker=job.scale.cpus_per_worker,
+            gpus_per_worker=job.scale.gpus_per_worker,
+            hang_timeout_s=job.recovery.hang_timeout_s,
+        )
     if job.scale.workers == 1 and job.recovery.max_restarts == 0:
         from scaletrain.launch.inprocess import InProcessLauncher
 

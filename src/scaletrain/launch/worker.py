@@ -13,6 +13,7 @@ import gc
 import json
 import logging
 import os
+import socket
 import threading
 import time
 import traceback
@@ -51,9 +52,10 @@ from scaletrain.tracking.run_card import build_run_card, data_fingerprint, write
 from scaletrain.tracking.progress import ProgressBar, progress_wanted
 from scaletrain.tracking.reporter import LogReporter, MetricsFile, NullReporter, Reporters
 
-__all__ = ["run_worker", "main", "WEIGHTS_FILE"]
+__all__ = ["run_worker", "main", "WEIGHTS_FILE", "RESTART_COUNT_ENV"]
 
 WEIGHTS_FILE = "model.safetensors"
+RESTART_COUNT_ENV = "SCALETRAIN_RESTART_COUNT"  # set by engines that count restarts themselves (Ray)
 log = logging.getLogger(f"{LOGGER_NAME}.worker")
 
 
@@ -67,8 +69,13 @@ class _StepTracker(NullReporter):
         self.context.step = step
 
 
-def run_worker(spec: RunSpec, env: DistEnv | None = None) -> dict[str, Any]:
-    """Train this rank's share of the job. Returns the train result (the same on every rank)."""
+def run_worker(
+    spec: RunSpec, env: DistEnv | None = None, stop: StopRequest | None = None, node: str | None = None
+) -> dict[str, Any]:
+    """Train this rank's share of the job. Returns the train result (the same on every rank).
+
+    ``stop``: an engine's own way to ask for a clean stop (besides this process's signals);
+    ``node``: the engine's name for the machine, for the log."""
     env = env or DistEnv.from_env()
     job = JobConfig.model_validate(spec.job)
     context = LogContext(spec.run_id, spec.trace_id, env.rank)
@@ -79,7 +86,7 @@ def run_worker(spec: RunSpec, env: DistEnv | None = None) -> dict[str, Any]:
     # Armed from the start: a rendezvous or a resume that hangs is caught too.
     watchdog = Watchdog(job.recovery.hang_timeout_s, spec.worker_stacks(env.rank))
     watchdog.arm()
-    stop = StopRequest()
+    stop = stop or StopRequest()
     restore_signals = stop.install()
     try:
         apply_threads(spec.threads)
@@ -93,6 +100,8 @@ def run_worker(spec: RunSpec, env: DistEnv | None = None) -> dict[str, Any]:
                 "device": str(placement.device),
                 "backend": placement.backend if env.is_distributed else None,
                 "threads": spec.threads,
+                "host": socket.gethostname(),
+                "node": node,
             },
         )
         with process_group(env, placement):
@@ -124,8 +133,9 @@ def _save_every_s(job: JobConfig) -> float | None:
 
 
 def restart_count() -> int:
-    """Which attempt of this launch this is (torch elastic counts restarts; 0 elsewhere)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    """Which attempt of this launch this is (torch elastic or the engine counts restarts)."""
+    count = os.environ.get(RESTART_COUNT_ENV) or os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    return int(count or 0)
 
 
 def _checkpoints(spec: RunSpec, job: JobConfig, env: DistEnv, faults: FaultPlan) -> CheckpointManager | None:

@@ -1,0 +1,336 @@
+"""Workers on a Ray cluster, started by Ray Train's TorchTrainer (Train v2).
+
+Ray Train places the workers (``ScalingConfig``), sets the env contract (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR/PORT), creates the process group and restarts the whole worker group
+after a failure (``FailureConfig``); each worker runs the same ``run_worker`` as the local
+engine, which resumes from the newest verified checkpoint. Ray is optional and imported here
+only. A small actor (the mailbox) carries what Ray Train does not: the attempt number, rank
+0's result, and a stop request from the launcher (Ctrl-C, SIGTERM).
+
+Safe by default: a local instance starts no dashboard (the one HTTP service that runs code
+for whoever reaches it) and uses token authentication where the installed Ray has it, so its
+RPC ports (Ray listens on every interface and has no option to restrict that) answer only
+holders of the token. Ray's logs stay out of the console (``logs/ray-driver.jsonl``, and
+``logs/ray`` links the session's logs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from scaletrain.errors import MissingExtraError, RunInterrupted, ScaletrainError
+from scaletrain.launch.base import Launcher, checked_result, worker_error
+from scaletrain.launch.spec import RunSpec
+
+__all__ = ["RayLauncher", "import_ray"]
+
+RAY_EXTRA_HINT = "pip install 'scaletrain[ray]'"
+_log = logging.getLogger("scaletrain_launcher.ray")  # launcher.jsonl
+_RAY_LOGGERS = ("ray", "ray.train", "ray.data", "ray.tune")
+
+
+def import_ray(local_instance: bool = False):
+    """Ray and Ray Train, or one line that names the extra to install.
+
+    For a local instance, token authentication is asked for before Ray reads its settings
+    (at import): Ray 2.59+ turns it on for local instances by itself, 2.52-2.58 need
+    RAY_AUTH_MODE=token; either way Ray generates the token. A RAY_AUTH_MODE the user set stands.
+    """
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    if local_instance and "ray" not in sys.modules:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+    try:
+        import ray
+        import ray.train  # noqa: F401
+        import ray.train.torch  # noqa: F401
+    except ImportError:
+        raise MissingExtraError(
+            f"the ray engine needs Ray Train, which is not installed: {RAY_EXTRA_HINT}"
+        ) from None
+    return ray
+
+
+class RayLauncher(Launcher):
+    name = "ray"
+
+    def __init__(
+        self,
+        address: str | None,
+        max_restarts: int,
+        cpus_per_worker: float,
+        gpus_per_worker: float | None,
+        hang_timeout_s: float,
+    ):
+        self.address = address or os.environ.get("RAY_ADDRESS") or None
+        self.max_restarts = max_restarts
+        self.cpus_per_worker = cpus_per_worker
+        self.gpus_per_worker = gpus_per_worker
+        self.hang_timeout_s = hang_timeout_s
+        # Before any run directory exists: a missing extra is bad input.
+        self.ray = import_ray(local_instance=self.address is None)
+
+    def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
+        ray = self.ray
+        restore_logs = _route_ray_logs(spec.logs_dir / "ray-driver.jsonl")
+        connected_here = False
+        try:
+            connected_here = _connect(ray, self.address, spec)
+            return self._fit(ray, spec, workers)
+        finally:
+            if connected_here:  # disconnects; stops the instance only if we started it
+                ray.shutdown()
+            restore_logs()
+
+    def _fit(self, ray: Any, spec: RunSpec, workers: int) -> dict[str, Any]:
+        from ray.train import FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchConfig, TorchTrainer
+
+        gpus = self.gpus_per_worker
+        if gpus is None:
+            gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+        resources = {"CPU": self.cpus_per_worker}
+        if gpus:
+            resources["GPU"] = gpus
+        mailbox = _mailbox_class(ray).options(num_cpus=0).remote()
+        trainer = TorchTrainer(
+            _train_loop,
+            train_loop_config={"spec": spec.__dict__, "mailbox": mailbox},
+            torch_config=TorchConfig(backend="nccl" if gpus else "gloo", timeout_s=int(self.hang_timeout_s)),
+            scaling_config=ScalingConfig(
+                num_workers=workers, use_gpu=bool(gpus), resources_per_worker=resources
+            ),
+            run_config=RunConfig(
+                name=spec.run_id,
+                storage_path=str(Path(spec.run_dir) / "ray"),
+                failure_config=FailureConfig(max_failures=self.max_restarts),
+                # Ray starts workers from the cluster's environment, not ours: the fault
+                # injection testing facility (SCALETRAIN_FAULT) and the like travel along.
+                worker_runtime_env={"env_vars": _forwarded_env()},
+            ),
+        )
+        stop = _StopForwarder(mailbox).install()
+        try:
+            trainer.fit()
+        except KeyboardInterrupt:
+            raise RunInterrupted("SIGINT", int(signal.SIGINT)) from None
+        except Exception as exc:  # Ray Train's TrainingFailedError (WorkerGroupError, ControllerError)
+            result = ray.get(mailbox.result.remote())
+            if result is not None and result.get("preempted"):
+                checked_result(spec, result)
+            raise _failure(spec, workers, exc) from None
+        finally:
+            stop.restore()
+        result = ray.get(mailbox.result.remote())
+        if result is None:
+            raise worker_error(spec, range(workers), {0: "rank 0 left no result"})
+        if stop.signal_name and result.get("preempted"):
+            checked_result(spec, result)
+        return checked_result(spec, result)
+
+
+def _forwarded_env() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name.startswith("SCALETRAIN_")}
+
+
+def _connect(ray: Any, address: str | None, spec: RunSpec) -> bool:
+    """Join ``address``, or start a local instance for this run. True when this call connected
+    (the caller disconnects at the end); False when the process was connected already."""
+    quiet = {"log_to_driver": False, "logging_level": logging.WARNING, "configure_logging": False}
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS", "0")
+    if ray.is_initialized():
+        return False
+    if address:
+        try:
+            context = ray.init(address=address, **quiet)
+        except Exception as exc:
+            raise ScaletrainError(
+                f"cannot join the Ray cluster at {address!r}: {str(exc).splitlines()[0][:200]}; "
+                "check --address / RAY_ADDRESS (and RAY_AUTH_TOKEN when the cluster uses tokens)"
+            ) from None
+        started = False
+    else:  # token authentication: see import_ray
+        context = ray.init(
+            address="local",
+            include_dashboard=False,
+            runtime_env={"env_vars": {"RAY_TRAIN_V2_ENABLED": "1"}},
+            **quiet,
+        )
+        _link_session_logs(ray, spec)
+        started = True
+    _log.info(
+        "joined Ray cluster" if not started else "started a local Ray instance",
+        extra={
+            "ray_address": getattr(context, "address_info", {}).get("address"),
+            "ray_node_ip": ray.util.get_node_ip_address(),
+            "ray_dashboard": getattr(context, "dashboard_url", None) or None,
+            "ray_auth_mode": _auth_mode(),
+            "ray_resources": ray.cluster_resources(),
+        },
+    )
+    return True
+
+
+def _auth_mode() -> str:
+    try:
+        from ray._raylet import AuthenticationMode, get_authentication_mode
+    except ImportError:  # a Ray without token authentication (< 2.52)
+        return "unsupported"
+    return "token" if get_authentication_mode() == AuthenticationMode.TOKEN else "disabled"
+
+
+def _link_session_logs(ray: Any, spec: RunSpec) -> None:
+    try:
+        session_dir = Path(ray._private.worker._global_node.get_session_dir_path())
+        link = spec.logs_dir / "ray"
+        if not link.exists():
+            link.symlink_to(session_dir / "logs", target_is_directory=True)
+    except (AttributeError, OSError):
+        pass
+
+
+def _route_ray_logs(path: Path):
+    """Ray's Python loggers to a file in the run's logs: the console shows only ours."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from scaletrain.tracking.logs import JsonFormatter
+
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(JsonFormatter())
+    saved = []
+    for name in _RAY_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.propagate, list(logger.handlers)))
+        for existing in list(logger.handlers):
+            logger.removeHandler(existing)
+        logger.addHandler(handler)
+        logger.propagate = False
+
+    def restore() -> None:
+        for logger, propagate, handlers in saved:
+            logger.removeHandler(handler)
+            for existing in handlers:
+                logger.addHandler(existing)
+            logger.propagate = propagate
+        handler.close()
+
+    return restore
+
+
+def _failure(spec: RunSpec, workers: int, exc: Exception) -> ScaletrainError:
+    """Ray Train's failure as our one-line root cause (the workers' error files first)."""
+    failures = getattr(exc, "worker_failures", None) or {}
+    fallback: dict[int, str] = {}
+    for rank, error in failures.items():
+        fallback[int(rank)] = _describe(error)
+    if not failures:
+        fallback[0] = _describe(exc)
+    return worker_error(spec, range(workers), fallback)
+
+
+def _describe(error: BaseException) -> str:
+    name = type(error).__name__
+    if "ActorDied" in name or "died" in str(error).lower() and "actor" in str(error).lower():
+        return "the process died (killed by a signal, or out of memory?)"
+    cause = getattr(error, "cause", None) or error.__cause__
+    if cause is not None and cause is not error:
+        return _describe(cause)
+    text = str(error).strip().splitlines()
+    return f"{name}: {text[-1][:300]}" if text else name
+
+
+class _StopForwarder:
+    """SIGTERM/SIGUSR1 to the launcher -> the workers stop at an agreed step and checkpoint."""
+
+    def __init__(self, mailbox: Any):
+        self.mailbox = mailbox
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> _StopForwarder:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGUSR1):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.signal_name = signal.Signals(signum).name
+        self.mailbox.request_stop.remote(self.signal_name)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+_MAILBOX = None
+
+
+def _mailbox_class(ray: Any):
+    global _MAILBOX
+    if _MAILBOX is None:
+
+        class Mailbox:
+            def __init__(self) -> None:
+                self.starts: dict[int, int] = {}
+                self.stop: str | None = None
+                self._result: dict[str, Any] | None = None
+
+            def register(self, rank: int) -> int:
+                """This rank's attempt number (all ranks restart together)."""
+                attempt = self.starts.get(rank, 0)
+                self.starts[rank] = attempt + 1
+                return attempt
+
+            def put_result(self, result: dict[str, Any]) -> None:
+                self._result = result
+
+            def result(self) -> dict[str, Any] | None:
+                return self._result
+
+            def request_stop(self, signal_name: str) -> None:
+                self.stop = signal_name
+
+            def stop_requested(self) -> str | None:
+                return self.stop
+
+        _MAILBOX = ray.remote(Mailbox)
+    return _MAILBOX
+
+
+def _train_loop(config: dict[str, Any]) -> None:
+    """Runs in every Ray Train worker: the engine-agnostic worker entry point."""
+    import ray
+
+    from scaletrain.distributed.env import DistEnv
+    from scaletrain.engine.control import StopRequest
+    from scaletrain.launch.worker import RESTART_COUNT_ENV, run_worker
+
+    spec = RunSpec(**config["spec"])
+    mailbox = config["mailbox"]
+    env = DistEnv.from_env()
+    os.environ[RESTART_COUNT_ENV] = str(ray.get(mailbox.register.remote(env.rank)))
+    stop = StopRequest()
+    done = threading.Event()
+
+    def poll_stop() -> None:  # the launcher's SIGTERM, relayed
+        while not done.wait(0.5):
+            try:
+                requested = ray.get(mailbox.stop_requested.remote(), timeout=5)
+            except Exception:
+                continue
+            if requested:
+                stop.signal_name = stop.signal_name or requested
+                return
+
+    threading.Thread(target=poll_stop, name="scaletrain-stop-poll", daemon=True).start()
+    try:
+        result = run_worker(spec, env, stop=stop, node=ray.get_runtime_context().get_node_id())
+    finally:
+        done.set()
+    if env.rank == 0:
+        ray.get(mailbox.put_result.remote({**result, "restarts": int(os.environ[RESTART_COUNT_ENV])}))

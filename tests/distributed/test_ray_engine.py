@@ -1,0 +1,138 @@
+"""The Ray engine on a real two-node Ray cluster on this machine (a head and a second node,
+separate raylet processes with one CPU each, so a 2-worker job puts one worker on each).
+
+The same job must give the same final weights as the local engine, and a worker killed
+mid-run must be recovered from the newest verified checkpoint with the same weights.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import scaletrain
+from scaletrain.errors import WorkerFailedError
+from scaletrain.faults import FAULT_ENV
+from tests.helpers.run import REPO, read_metrics
+from tests.helpers.tasks import toy_job
+
+pytestmark = pytest.mark.distributed
+
+# Not imported here: Ray reads RAY_AUTH_MODE once, at import, and the cluster fixture sets it.
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("Ray is not installed (pip install 'scaletrain[ray]')", allow_module_level=True)
+
+
+def ray_job(root, **sections):
+    base = {
+        "task": {"args": {"dropout": 0.1}},
+        "train": {"max_steps": 30, "log_every": 1, "eval_every": 15},
+        "checkpoint": {"every_steps": 10, "keep_last": 2},
+        "scale": {"workers": 2},
+        "recovery": {"max_restarts": 1},
+    }
+    for key, value in sections.items():
+        base[key] = {**base.get(key, {}), **value}
+    return toy_job(root, **base)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """Two Ray nodes (head + worker node), one CPU each, token authentication on (the token
+    is in this process's environment, as a user joining such a cluster would have it)."""
+    import secrets
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("RAY_AUTH_MODE", "token")
+    patch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(16))
+    patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={"num_cpus": 1, "include_dashboard": False},
+    )
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
+        patch.undo()
+
+
+@pytest.fixture(scope="module")
+def local_reference(tmp_path_factory):
+    """The same job under the local engine (torch elastic), uninterrupted."""
+    return scaletrain.run(ray_job(tmp_path_factory.mktemp("local")))
+
+
+def worker_nodes(summary):
+    nodes = {}
+    for rank in (0, 1):
+        log = Path(summary["run_dir"]) / "logs" / f"worker-{rank}.jsonl"
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            if entry["message"] == "worker started":
+                nodes[rank] = entry["node"]
+    return nodes
+
+
+def test_two_nodes_give_the_local_engines_weights(tmp_path, ray_cluster, local_reference):
+    job = ray_job(tmp_path, scale={"engine": "ray", "address": ray_cluster.address})
+    summary = scaletrain.run(job)
+    assert summary["engine"] == "ray" and summary["status"] == "finished"
+    assert summary["steps"] == 30 and summary["restarts"] == 0
+    assert summary["weights_sha256"] == local_reference["weights_sha256"]
+    assert summary["eval"] == local_reference["eval"]
+    nodes = worker_nodes(summary)
+    assert len(set(nodes.values())) == 2, nodes  # one worker on each node
+    assert [row["step"] for row in read_metrics(summary["run_dir"])] == list(range(1, 31))
+
+
+def test_a_killed_worker_is_recovered_from_the_newest_checkpoint(tmp_path, monkeypatch, ray_cluster, local_reference):
+    job = ray_job(tmp_path, scale={"engine": "ray", "address": ray_cluster.address})
+    monkeypatch.setenv(FAULT_ENV, "sigkill:rank=1:step=25")
+    summary = scaletrain.run(job)
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 20
+    assert summary["weights_sha256"] == local_reference["weights_sha256"]
+    assert [row["step"] for row in read_metrics(summary["run_dir"])] == list(range(1, 31))
+
+
+def test_a_rank_that_always_fails_names_it(tmp_path, monkeypatch, ray_cluster):
+    job = ray_job(tmp_path, scale={"engine": "ray", "address": ray_cluster.address})
+    monkeypatch.setenv(FAULT_ENV, "raise:rank=1:step=5;raise:rank=1:step=5:attempt=1")
+    with pytest.raises(WorkerFailedError) as info:
+        scaletrain.run(job)
+    assert str(info.value).startswith("worker rank 1 failed: RuntimeError: injected fault at step 5 on rank 1")
+
+
+def test_a_local_ray_instance_is_started_and_stopped(tmp_path):
+    """No address: a Ray instance for this run only, with token authentication and no dashboard."""
+    import ray
+
+    job = ray_job(tmp_path, scale={"engine": "ray", "workers": 1}, train={"max_steps": 5, "eval_every": 5})
+    summary = scaletrain.run(job)
+    assert summary["engine"] == "ray" and summary["steps"] == 5
+    assert not ray.is_initialized()
+    driver_log = (Path(summary["run_dir"]) / "logs" / "launcher.jsonl").read_text()
+    assert '"ray_auth_mode": "token"' in driver_log and '"ray_dashboard": null' in driver_log
+
+
+def test_without_ray_the_engine_names_the_extra(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps(ray_job(tmp_path, scale={"workers": 1})))
+    hide_ray = (
+        "import sys; sys.modules['ray'] = None; "
+        "from scaletrain.cli.main import entrypoint; sys.argv = ['scaletrain', 'run', "
+        f"{str(job)!r}, '--engine', 'ray']; entrypoint()"
+    )
+    out = subprocess.run([sys.executable, "-c", hide_ray], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "error: the ray engine needs Ray Train, which is not installed: pip install 'scaletrain[ray]'"
+    ]
