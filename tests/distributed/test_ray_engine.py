@@ -63,6 +63,8 @@ def ray_cluster(tmp_path_factory):
     finally:
         cluster.shutdown()
         patch.undo()
+        # Ray's test cluster leaves its address for a later bare ray.init() to join: not ours.
+        Path("/tmp/ray/ray_current_cluster").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")

@@ -115,6 +115,7 @@ class RayLauncher(Launcher):
             ),
         )
         stop = _StopForwarder(mailbox).install()
+        console = _ConsoleRelay(mailbox, spec).start()
         try:
             trainer.fit()
         except KeyboardInterrupt:
@@ -125,6 +126,7 @@ class RayLauncher(Launcher):
                 checked_result(spec, result)
             raise _failure(spec, workers, exc) from None
         finally:
+            console.close()
             stop.restore()
         result = ray.get(mailbox.result.remote())
         if result is None:
@@ -267,6 +269,98 @@ class _StopForwarder:
             signal.signal(sig, handler)
 
 
+class _RemoteConsole:
+    """Rank 0's side of the relay (a Reporter sink plus a logging handler): progress at the
+    console cadence and warnings go to the mailbox, without waiting for it."""
+
+    def __init__(self, mailbox: Any):
+        self.mailbox = mailbox
+        self.log_handler = _WarningRelay(mailbox)
+
+    def on_start(self, total_steps: int, start_step: int) -> None:
+        self.mailbox.push.remote("start", {"total": total_steps, "start": start_step})
+
+    def on_step(self, step: int) -> None:
+        pass
+
+    def on_train_metrics(self, reports: list) -> None:
+        last = reports[-1]
+        self.mailbox.push.remote("progress", {"step": last.step, "metrics": last.metrics})
+
+    def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.mailbox.push.remote("eval", {"step": step, "metrics": metrics})
+
+    def on_end(self) -> None:
+        pass
+
+
+class _WarningRelay(logging.Handler):
+    def __init__(self, mailbox: Any):
+        super().__init__(level=logging.WARNING)
+        self.mailbox = mailbox
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "console", True):
+            self.mailbox.push.remote("warning", record.getMessage())
+
+
+class _ConsoleRelay:
+    """The launcher's side: every half second, what rank 0 sent goes to this console, as the
+    local engine's workers would show it (a progress bar on a terminal, JSON lines otherwise)."""
+
+    def __init__(self, mailbox: Any, spec: RunSpec):
+        self.mailbox = mailbox
+        self.total = 0
+        self.log = logging.getLogger("scaletrain_launcher.ray.console")
+        self.bar = None
+        if sys.stderr.isatty():
+            from scaletrain.tracking.progress import ProgressBar
+
+            self.bar = ProgressBar(spec.job.get("name", "train"))
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scaletrain-ray-console", daemon=True)
+
+    def start(self) -> _ConsoleRelay:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import ray
+
+        while True:
+            stopping = self._done.wait(0.5)
+            try:
+                events = ray.get(self.mailbox.drain.remote(), timeout=10)
+            except Exception:
+                events = []
+            for kind, data in events:
+                self._show(kind, data)
+            if stopping:
+                return
+
+    def _show(self, kind: str, data: Any) -> None:
+        from scaletrain.tracking.reporter import StepReport
+
+        if kind == "warning":
+            self.log.warning("%s", data)
+        elif kind == "start":
+            self.total = data["total"]
+            if self.bar is not None:
+                self.bar.on_start(data["total"], data["start"])
+        elif kind == "progress" and self.bar is not None:
+            self.bar.on_step(data["step"])
+            self.bar.on_train_metrics([StepReport(data["step"], data["metrics"], 0.0)])
+        elif kind in ("progress", "eval"):
+            self.log.info("%s metrics", "train" if kind == "progress" else "eval",
+                          extra={"step": data["step"], "metrics": data["metrics"]})
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=15)
+        if self.bar is not None:
+            self.bar.on_end()
+
+
 _MAILBOX = None
 
 
@@ -279,6 +373,7 @@ def _mailbox_class(ray: Any):
                 self.starts: dict[int, int] = {}
                 self.stop: str | None = None
                 self._result: dict[str, Any] | None = None
+                self.events: list[tuple[str, Any]] = []  # rank 0 -> the launcher's console
 
             def register(self, rank: int) -> int:
                 """This rank's attempt number (all ranks restart together)."""
@@ -291,6 +386,13 @@ def _mailbox_class(ray: Any):
 
             def result(self) -> dict[str, Any] | None:
                 return self._result
+
+            def push(self, kind: str, data: Any) -> None:
+                self.events.append((kind, data))
+
+            def drain(self) -> list[tuple[str, Any]]:
+                events, self.events = self.events, []
+                return events
 
             def request_stop(self, signal_name: str) -> None:
                 self.stop = signal_name
@@ -329,7 +431,10 @@ def _train_loop(config: dict[str, Any]) -> None:
 
     threading.Thread(target=poll_stop, name="scaletrain-stop-poll", daemon=True).start()
     try:
-        result = run_worker(spec, env, stop=stop, node=ray.get_runtime_context().get_node_id())
+        result = run_worker(
+            spec, env, stop=stop, node=ray.get_runtime_context().get_node_id(),
+            console=_RemoteConsole(mailbox),
+        )
     finally:
         done.set()
     if env.rank == 0:

@@ -70,19 +70,28 @@ class _StepTracker(NullReporter):
 
 
 def run_worker(
-    spec: RunSpec, env: DistEnv | None = None, stop: StopRequest | None = None, node: str | None = None
+    spec: RunSpec,
+    env: DistEnv | None = None,
+    stop: StopRequest | None = None,
+    node: str | None = None,
+    console: Any = None,
 ) -> dict[str, Any]:
     """Train this rank's share of the job. Returns the train result (the same on every rank).
 
     ``stop``: an engine's own way to ask for a clean stop (besides this process's signals);
-    ``node``: the engine's name for the machine, for the log."""
+    ``node``: the engine's name for the machine, for the log; ``console``: an engine's relay
+    to the user's console (a Reporter sink and a logging handler, for rank 0), where the
+    worker's stderr does not reach the user (Ray)."""
     env = env or DistEnv.from_env()
     job = JobConfig.model_validate(spec.job)
     context = LogContext(spec.run_id, spec.trace_id, env.rank)
     undo_logging = setup_logging(
         context, spec.worker_log(env.rank), redactor=Redactor.for_config(spec.job)
     )
-    reporter = _reporter_for(env, spec, job, context)
+    reporter = _reporter_for(env, spec, job, context, console)
+    relay = getattr(console, "log_handler", None) if env.is_main else None
+    if relay is not None:  # rank 0's warnings reach the user's console through the engine
+        logging.getLogger(LOGGER_NAME).addHandler(relay)
     # Armed from the start: a rendezvous or a resume that hangs is caught too.
     watchdog = Watchdog(job.recovery.hang_timeout_s, spec.worker_stacks(env.rank))
     watchdog.arm()
@@ -124,6 +133,8 @@ def run_worker(
         restore_signals()
         watchdog.close()
         reporter.on_end()
+        if relay is not None:
+            logging.getLogger(LOGGER_NAME).removeHandler(relay)
         undo_logging()
 
 
@@ -218,8 +229,12 @@ def _write_card(spec: RunSpec, task: Any, dataset: Any, world_size: int) -> None
         log.warning("could not write the run card", exc_info=True)
 
 
-def _reporter_for(env: DistEnv, spec: RunSpec, job: JobConfig, context: LogContext) -> Reporters:
+def _reporter_for(
+    env: DistEnv, spec: RunSpec, job: JobConfig, context: LogContext, console: Any = None
+) -> Reporters:
     sinks: list[Any] = [_StepTracker(context)]
+    if env.is_main and console is not None:
+        sinks.append(console)
     if env.is_main:
         sinks += [
             MetricsFile(os.path.join(spec.run_dir, "metrics.jsonl"), every=job.train.log_every),
