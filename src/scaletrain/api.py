@@ -53,6 +53,9 @@ def run(
     from scaletrain.launch.spec import RunSpec
 
     started_at = started_at or time.time()
+    if tracking_tags is None and os.environ.get("SCALETRAIN_TRACKING_TAGS"):
+        # A trial of `scaletrain tune`: its run nests under the search's MLflow run.
+        tracking_tags = json.loads(os.environ["SCALETRAIN_TRACKING_TAGS"])
     config, job_search_path = resolve_job(job, overrides)
     search_path = job_search_path + [p for p in (search_path or []) if p not in job_search_path]
     spec = RunSpec.in_dir(config.model_dump(mode="json"), config.run_dir, python_path=search_path)

@@ -142,6 +142,67 @@ def resume(
     _run_and_report(lambda: resume_run(target, overrides, started_at=started_at), as_json)
 
 
+@app.command()
+def tune(
+    job: JobArg,
+    space: Annotated[str, typer.Option("--space", help="the search space file (YAML)", show_default=False)],
+    trials: Annotated[int, typer.Option("--trials", help="how many trials to sample")] = 8,
+    max_concurrent: Annotated[int, typer.Option("--max-concurrent", help="trials at once")] = 1,
+    metric: Annotated[str, typer.Option("--metric", help="what to optimise: eval/<name> or train/<name>")] = "eval/loss",
+    mode: Annotated[str, typer.Option("--mode", help="min or max")] = "min",
+    search: Annotated[str, typer.Option("--search", help="random or optuna (TPE)")] = "random",
+    scheduler: Annotated[str, typer.Option("--scheduler", help="asha (stop weak trials early) or none")] = "asha",
+    resume: Annotated[bool, typer.Option("--resume", help="continue this job's interrupted search")] = False,
+    address: AddressOpt = None,
+    set_: SetOpt = None,
+    as_json: OutcomeJsonOpt = False,
+) -> None:
+    """Search hyperparameters on Ray Tune: every trial is a full job with its own checkpoints."""
+    from scaletrain.tune.search import SearchOptions, run_search
+
+    options = SearchOptions(
+        trials=trials, max_concurrent=max_concurrent, metric=metric, mode=mode, search=search,
+        scheduler=scheduler, address=address, overrides=list(set_ or []),
+    )
+    try:
+        summary = run_search(job, space, options, resume=resume)
+    except ScaletrainError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        typer.echo("interrupted; continue with: scaletrain tune ... --resume", err=True)
+        raise typer.Exit(130) from None
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    _print_trials(summary)
+
+
+def _print_trials(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    keys = sorted({key for row in summary["trials"] for key in row["config"]})
+    table = Table(title=f"{len(summary['trials'])} trials, {summary['metric']} ({summary['mode']})")
+    for column in ("trial", *keys, summary["metric"], "reports", "status"):
+        table.add_column(column)
+    best = (summary.get("best") or {}).get("trial")
+    for row in sorted(summary["trials"], key=lambda r: r["trial"]):
+        value = row["metric"]
+        table.add_row(
+            row["trial"] + (" *" if row["trial"] == best else ""),
+            *(f"{row['config'].get(k):.4g}" if isinstance(row["config"].get(k), float) else str(row["config"].get(k)) for k in keys),
+            f"{value:.4f}" if isinstance(value, (int, float)) else "-",
+            str(row["reports"] or "-"),
+            row["status"] + (f": {row['error']}" if row.get("error") else ""),
+        )
+    console = Console()
+    console.print(table)
+    if summary.get("best_job"):
+        console.print(f"best trial * -> {summary['best_job']}  (scaletrain run {summary['best_job']})")
+    else:
+        console.print("no trial finished: no best job")
+
+
 checkpoints_app = typer.Typer(help="List and verify checkpoints.", no_args_is_help=True)
 app.add_typer(checkpoints_app, name="checkpoints")
 PathArg = Annotated[

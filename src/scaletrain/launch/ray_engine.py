@@ -16,11 +16,13 @@ holders of the token. Ray's logs stay out of the console (``logs/ray-driver.json
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from scaletrain.errors import MissingExtraError, RunInterrupted, ScaletrainError
 from scaletrain.launch.base import Launcher, checked_result, worker_error
 from scaletrain.launch.spec import RunSpec
 
-__all__ = ["RayLauncher", "import_ray"]
+__all__ = ["RayLauncher", "import_ray", "ray_session"]
 
 RAY_EXTRA_HINT = "pip install 'scaletrain[ray]'"
 _log = logging.getLogger("scaletrain_launcher.ray")  # launcher.jsonl
@@ -76,16 +78,15 @@ class RayLauncher(Launcher):
         self.ray = import_ray(local_instance=self.address is None)
 
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
-        ray = self.ray
-        restore_logs = _route_ray_logs(spec.logs_dir / "ray-driver.jsonl")
-        connected_here = False
-        try:
-            connected_here = _connect(ray, self.address, spec)
-            return self._fit(ray, spec, workers)
-        finally:
-            if connected_here:  # disconnects; stops the instance only if we started it
-                ray.shutdown()
-            restore_logs()
+        checkpoint_dir = (spec.job.get("checkpoint") or {}).get("dir") or ""
+        if self.address and "://" not in checkpoint_dir:
+            _log.warning(
+                "checkpoints go to a local path (%s) while the workers may run on other machines: "
+                "every node must see it (a shared filesystem), or set checkpoint.dir to s3://...",
+                checkpoint_dir or str(Path(spec.run_dir) / "checkpoints"),
+            )
+        with ray_session(self.ray, self.address, spec.logs_dir):
+            return self._fit(self.ray, spec, workers)
 
     def _fit(self, ray: Any, spec: RunSpec, workers: int) -> dict[str, Any]:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -131,16 +132,29 @@ class RayLauncher(Launcher):
         result = ray.get(mailbox.result.remote())
         if result is None:
             raise worker_error(spec, range(workers), {0: "rank 0 left no result"})
-        if stop.signal_name and result.get("preempted"):
-            checked_result(spec, result)
-        return checked_result(spec, result)
+        return checked_result(spec, result)  # RunPreempted when a stop was relayed
+
+
+@contextlib.contextmanager
+def ray_session(ray: Any, address: str | None, logs_dir: Path) -> Iterator[None]:
+    """Connected to ``address`` (or a local instance started for the block), Ray's Python logs
+    in ``logs_dir/ray-driver.jsonl``; disconnected (and a local instance stopped) after."""
+    restore_logs = _route_ray_logs(logs_dir / "ray-driver.jsonl")
+    connected = False
+    try:
+        connected = _connect(ray, address, logs_dir)
+        yield
+    finally:
+        if connected:  # disconnects; stops the instance only if we started it
+            ray.shutdown()
+        restore_logs()
 
 
 def _forwarded_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name.startswith("SCALETRAIN_")}
 
 
-def _connect(ray: Any, address: str | None, spec: RunSpec) -> bool:
+def _connect(ray: Any, address: str | None, logs_dir: Path) -> bool:
     """Join ``address``, or start a local instance for this run. True when this call connected
     (the caller disconnects at the end); False when the process was connected already."""
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING, "configure_logging": False}
@@ -164,7 +178,7 @@ def _connect(ray: Any, address: str | None, spec: RunSpec) -> bool:
             runtime_env={"env_vars": {"RAY_TRAIN_V2_ENABLED": "1"}},
             **quiet,
         )
-        _link_session_logs(ray, spec)
+        _link_session_logs(ray, logs_dir)
         started = True
     _log.info(
         "joined Ray cluster" if not started else "started a local Ray instance",
@@ -187,10 +201,10 @@ def _auth_mode() -> str:
     return "token" if get_authentication_mode() == AuthenticationMode.TOKEN else "disabled"
 
 
-def _link_session_logs(ray: Any, spec: RunSpec) -> None:
+def _link_session_logs(ray: Any, logs_dir: Path) -> None:
     try:
         session_dir = Path(ray._private.worker._global_node.get_session_dir_path())
-        link = spec.logs_dir / "ray"
+        link = logs_dir / "ray"
         if not link.exists():
             link.symlink_to(session_dir / "logs", target_is_directory=True)
     except (AttributeError, OSError):
@@ -419,8 +433,8 @@ def _train_loop(config: dict[str, Any]) -> None:
     stop = StopRequest()
     done = threading.Event()
 
-    def poll_stop() -> None:  # the launcher's SIGTERM, relayed
-        while not done.wait(0.5):
+    def poll_stop() -> None:  # the launcher's SIGTERM, relayed; rank 0's agreement tells the rest
+        while not done.wait(1.0):
             try:
                 requested = ray.get(mailbox.stop_requested.remote(), timeout=5)
             except Exception:
@@ -429,7 +443,8 @@ def _train_loop(config: dict[str, Any]) -> None:
                 stop.signal_name = stop.signal_name or requested
                 return
 
-    threading.Thread(target=poll_stop, name="scaletrain-stop-poll", daemon=True).start()
+    if env.rank == 0:
+        threading.Thread(target=poll_stop, name="scaletrain-stop-poll", daemon=True).start()
     try:
         result = run_worker(
             spec, env, stop=stop, node=ray.get_runtime_context().get_node_id(),
