@@ -2,12 +2,16 @@
 
 import importlib.util
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers.run import scaletrain_cli
+from tests.helpers.run import REPO, scaletrain_cli
 from tests.helpers.tasks import toy_job
 
 pytestmark = pytest.mark.distributed
@@ -60,6 +64,76 @@ def test_a_search_with_asha_nests_its_trials_and_writes_the_best_job(tmp_path):
     assert parent.data.metrics["trials_pruned"] >= 1
     pruned_run = client.get_run(rows[1.0e-7]["mlflow_run_id"])
     assert pruned_run.info.status == "KILLED"  # stopped at a checkpoint, like a preemption
+
+
+def test_a_failing_trial_is_retried_from_its_checkpoint_and_the_others_go_on(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    job = toy_job(
+        tmp_path,
+        task={"args": {"fail_at_step": 15, "fail_rank": 0, "fail_once_marker": str(tmp_path / "failed")}},
+        train={"max_steps": 30, "eval_every": 10, "log_every": 10},
+        checkpoint={"every_steps": 10},
+        tracking={"enabled": True, "uri": uri, "experiment": "retry"},
+    )
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    space = tmp_path / "space.yaml"
+    space.write_text("optim.lr: {grid: [0.05, 0.02]}\n")
+    out = scaletrain_cli(
+        "tune", str(job_file), "--space", str(space), "--trials", "1", "--scheduler", "none",
+        "--json", timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert [row["status"] for row in summary["trials"]] == ["finished", "finished"]
+    runs = [json.loads(Path(row["run_dir"], "summary.json").read_text()) for row in summary["trials"]]
+    retried = [run for run in runs if run["attempt"] == 2]
+    assert len(retried) == 1 and retried[0]["resumed_from_step"] == 10 and retried[0]["steps"] == 30
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    nested = client.search_runs(
+        [client.get_experiment_by_name("retry").experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_parent_run_id']}'",
+    )
+    assert len(nested) == 2  # the retried trial continued its own run
+
+
+def test_an_interrupted_search_resumes_where_it_stopped(tmp_path):
+    job = toy_job(
+        tmp_path,
+        task={"args": {"step_sleep": 0.05}},
+        train={"max_steps": 60, "eval_every": 20, "log_every": 10},
+        checkpoint={"every_steps": 10},
+    )
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    space = tmp_path / "space.yaml"
+    space.write_text("optim.lr: {grid: [0.05, 0.02, 0.01]}\n")
+    args = [sys.executable, "-m", "scaletrain", "tune", str(job_file), "--space", str(space),
+            "--trials", "1", "--scheduler", "none", "--json"]
+    search = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trials = tmp_path / "runs" / "tune" / "toy"
+    deadline = time.time() + 300
+    while time.time() < deadline:  # the first trial has finished, the second is training
+        done = [p for p in trials.glob("*/trials/*/runs/*/*/summary.json")]
+        started = list(trials.glob("*/trials/*/runs/*/*/metrics.jsonl"))
+        if done and len(started) >= 2:
+            break
+        time.sleep(0.2)
+    search.send_signal(signal.SIGINT)
+    out, err = search.communicate(timeout=300)
+    assert search.returncode == 130, err[-3000:]
+    assert "--resume" in err.strip().splitlines()[-1]
+    first = json.loads(done[0].read_text())
+
+    resumed = scaletrain_cli(*args[3:], "--resume", timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads(resumed.stdout)
+    assert [row["status"] for row in summary["trials"]] == ["finished"] * 3
+    again = [row for row in summary["trials"] if row["run_dir"] == first["run_dir"]]
+    assert len(again) == 1  # the finished trial was kept, not trained again
+    assert json.loads(Path(first["run_dir"], "summary.json").read_text())["attempt"] == 1
 
 
 def test_a_bad_space_is_one_line(tmp_path):

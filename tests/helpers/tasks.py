@@ -32,6 +32,7 @@ class ToyTask(scaletrain.Task):
         step_sleep: float = 0.0,
         secret_note: str | None = None,
         api_token: str | None = None,
+        fail_once_marker: str | None = None,
     ):
         generator = torch.Generator().manual_seed(42)
         x = torch.randn(samples + eval_samples, dim, generator=generator)
@@ -45,6 +46,7 @@ class ToyTask(scaletrain.Task):
         self.nan_at_step = nan_at_step
         self.fail_kind = fail_kind
         self.step_sleep = step_sleep
+        self.fail_once_marker = fail_once_marker  # fail only while this file does not exist
         if pid_dir:
             Path(pid_dir, f"{os.getpid()}.pid").write_text(str(os.getpid()))
 
@@ -67,9 +69,16 @@ class ToyTask(scaletrain.Task):
                 time.sleep(self.step_sleep)
             rank = int(os.environ.get("RANK", "0"))
             if self.fail_at_step is not None and rank == self.fail_rank and self.calls > self.fail_at_step:
+                if self.fail_once_marker:
+                    if Path(self.fail_once_marker).exists():
+                        return self._loss(model, batch)
+                    Path(self.fail_once_marker).write_text("failed once")
                 if self.fail_kind == "sigkill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError(f"injected failure on rank {rank}")
+        return self._loss(model, batch)
+
+    def _loss(self, model, batch):
         x, y = batch
         logits = model(x)
         accuracy = (logits.argmax(-1) == y).float().mean()

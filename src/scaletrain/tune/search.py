@@ -32,7 +32,7 @@ from typing import Any
 from scaletrain.config import job_to_yaml
 from scaletrain.config.loading import parse_job
 from scaletrain.config.schema import JobConfig
-from scaletrain.errors import ConfigError
+from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.tune.space import Dimension, load_space
 
 __all__ = ["SearchOptions", "run_search", "TRACKING_TAGS_ENV"]
@@ -107,6 +107,13 @@ def run_search(job_file: str, space_file: str, options: SearchOptions, resume: b
             contextlib.redirect_stdout(tune_console), contextlib.redirect_stderr(tune_console):
         grid = _tune(ray, job, space, options, directory, parent.run_id, resume, search_path)
     _wait_for_stopped_trials(directory, job.recovery.grace_period_s + 30)
+    if _interrupted(directory, _expected_trials(space, options)):
+        # Ctrl-C: Tune stopped the trials (their jobs at checkpoints) and saved its state.
+        parent.interrupted()
+        raise SearchInterrupted(
+            f"the search was interrupted; its state is in {directory}; continue with: "
+            f"scaletrain tune {job_file} --space {space_file} --resume"
+        )
     rows = _rows(grid, options, directory)
     best = _best(rows, options)
     summary = {"search_dir": str(directory), "metric": options.metric, "mode": options.mode,
@@ -120,6 +127,30 @@ def run_search(job_file: str, space_file: str, options: SearchOptions, resume: b
     (directory / "search.json").write_text(json.dumps({**state, "finished": True}, indent=2), encoding="utf-8")
     parent.finish(best, rows, options.metric)
     return summary
+
+
+class SearchInterrupted(ScaletrainError):
+    exit_code = 130
+
+
+def _expected_trials(space: list[Dimension], options: SearchOptions) -> int:
+    count = options.trials
+    for dimension in space:
+        if dimension.kind == "grid":
+            count *= len(dimension.values)
+    return count
+
+
+def _interrupted(directory: Path, expected: int) -> bool:
+    """Did the search end before every trial did (Ctrl-C)? Read from Tune's saved state."""
+    from ray.tune import ExperimentAnalysis
+
+    try:
+        trials = ExperimentAnalysis(str(directory / "ray" / "search")).trials
+    except Exception:
+        return False
+    ended = [t for t in trials if str(t.status) in ("TERMINATED", "ERROR")]
+    return len(ended) < expected
 
 
 def _check_metric_is_produced(job: JobConfig, metric: str) -> None:
@@ -417,6 +448,13 @@ class _ParentRun:
             log.warning("no MLflow parent run for this search (%s: %s); the trials are tracked alone",
                         type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
             self.run_id = None
+
+    def interrupted(self) -> None:
+        if self.client is not None and self.run_id is not None:
+            try:
+                self.client.set_terminated(self.run_id, "KILLED")
+            except Exception:
+                pass
 
     def finish(self, best: dict[str, Any] | None, rows: list[dict[str, Any]], metric: str) -> None:
         if self.client is None or self.run_id is None:
