@@ -129,7 +129,10 @@ def test_validate_prints_the_resolved_job(tmp_path):
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(result.stdout)
     assert resolved["optim"]["lr"] == pytest.approx(3e-4)
-    assert resolved["scale"] == {"workers": 2, "engine": "local", "strategy": "auto", "threads_per_worker": None}
+    assert resolved["scale"] == {
+        "workers": 2, "engine": "local", "address": None, "strategy": "auto",
+        "threads_per_worker": None, "cpus_per_worker": 1.0, "gpus_per_worker": None,
+    }
     assert resolved["train"]["precision"] == "fp32"
 
 

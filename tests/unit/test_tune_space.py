@@ -85,3 +85,12 @@ def test_grid_with_optuna_is_refused(tmp_path, job):
     space.write_text("optim.lr: {grid: [0.1, 0.2]}\n")
     with pytest.raises(ConfigError, match="grid rules need --search random"):
         SearchOptions(search="optuna").check(load_space(space, job))
+
+
+def test_the_example_space_fits_the_example_job():
+    from scaletrain.config import load_job
+    from tests.helpers.run import REPO
+
+    job = load_job(REPO / "examples" / "digits.yaml")
+    dims = load_space(REPO / "examples" / "spaces" / "digits.yaml", job, [str(REPO / "examples")])
+    assert [d.key for d in dims] == ["optim.lr", "optim.weight_decay", "task.args.hidden", "data.batch_size"]
