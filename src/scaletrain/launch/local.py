@@ -13,13 +13,12 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 from scaletrain.errors import RunInterrupted
 from scaletrain.launch.base import Launcher, checked_result, worker_error
 from scaletrain.launch.spec import RunSpec
-from scaletrain.tracking.logs import JsonFormatter
+from scaletrain.tracking.logs import route_loggers_to_file
 
 __all__ = ["LocalLauncher"]
 
@@ -62,7 +61,7 @@ class LocalLauncher(Launcher):
         )
         spec_file = spec.write()
         spec.worker_result().unlink(missing_ok=True)
-        restore = _route_torch_logs(spec.logs_dir / "launcher.jsonl")
+        restore = route_loggers_to_file(_TORCH_LOGGERS, spec.logs_dir / "launcher.jsonl", logging.INFO)
         # A fresh rendezvous store per attempt: with the shared one, a restarted gloo rank can
         # connect to the previous attempt's dead peer (torch 2.13; seen with plain torchrun too).
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
@@ -100,25 +99,3 @@ def _describe_exit(exitcode: int) -> str:
         hint = " (out of memory?)" if name == "SIGKILL" else ""
         return f"the process was killed by {name}{hint}"
     return f"the process exited with code {exitcode}"
-
-
-def _route_torch_logs(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(JsonFormatter())
-    saved = []
-    for name in _TORCH_LOGGERS:
-        logger = logging.getLogger(name)
-        saved.append((logger, logger.propagate, logger.level))
-        logger.addHandler(handler)
-        logger.propagate = False
-        logger.setLevel(logging.INFO)
-
-    def restore() -> None:
-        for logger, propagate, level in saved:
-            logger.removeHandler(handler)
-            logger.propagate = propagate
-            logger.setLevel(level)
-        handler.close()
-
-    return restore

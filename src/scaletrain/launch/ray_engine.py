@@ -139,7 +139,9 @@ class RayLauncher(Launcher):
 def ray_session(ray: Any, address: str | None, logs_dir: Path) -> Iterator[None]:
     """Connected to ``address`` (or a local instance started for the block), Ray's Python logs
     in ``logs_dir/ray-driver.jsonl``; disconnected (and a local instance stopped) after."""
-    restore_logs = _route_ray_logs(logs_dir / "ray-driver.jsonl")
+    from scaletrain.tracking.logs import route_loggers_to_file
+
+    restore_logs = route_loggers_to_file(_RAY_LOGGERS, logs_dir / "ray-driver.jsonl")
     connected = False
     try:
         connected = _connect(ray, address, logs_dir)
@@ -209,33 +211,6 @@ def _link_session_logs(ray: Any, logs_dir: Path) -> None:
             link.symlink_to(session_dir / "logs", target_is_directory=True)
     except (AttributeError, OSError):
         pass
-
-
-def _route_ray_logs(path: Path):
-    """Ray's Python loggers to a file in the run's logs: the console shows only ours."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    from scaletrain.tracking.logs import JsonFormatter
-
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(JsonFormatter())
-    saved = []
-    for name in _RAY_LOGGERS:
-        logger = logging.getLogger(name)
-        saved.append((logger, logger.propagate, list(logger.handlers)))
-        for existing in list(logger.handlers):
-            logger.removeHandler(existing)
-        logger.addHandler(handler)
-        logger.propagate = False
-
-    def restore() -> None:
-        for logger, propagate, handlers in saved:
-            logger.removeHandler(handler)
-            for existing in handlers:
-                logger.addHandler(existing)
-            logger.propagate = propagate
-        handler.close()
-
-    return restore
 
 
 def _failure(spec: RunSpec, workers: int, exc: Exception) -> ScaletrainError:

@@ -134,3 +134,32 @@ def setup_logging(
             handler.close()
 
     return undo
+
+
+def route_loggers_to_file(names: tuple[str, ...], path: str | Path, level: int | None = None) -> Callable[[], None]:
+    """Send other libraries' loggers (torch elastic, Ray) to a JSON file in the run's logs
+    instead of the console; returns the undo."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(JsonFormatter())
+    saved = []
+    for name in names:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.propagate, logger.level, list(logger.handlers)))
+        for existing in list(logger.handlers):
+            logger.removeHandler(existing)
+        logger.addHandler(handler)
+        logger.propagate = False
+        if level is not None:
+            logger.setLevel(level)
+
+    def undo() -> None:
+        for logger, propagate, old_level, handlers in saved:
+            logger.removeHandler(handler)
+            for existing in handlers:
+                logger.addHandler(existing)
+            logger.propagate = propagate
+            logger.setLevel(old_level)
+        handler.close()
+
+    return undo
