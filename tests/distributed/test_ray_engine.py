@@ -7,8 +7,10 @@ mid-run must be recovered from the newest verified checkpoint with the same weig
 
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ import pytest
 import scaletrain
 from scaletrain.errors import WorkerFailedError
 from scaletrain.faults import FAULT_ENV
-from tests.helpers.run import REPO, read_metrics
+from tests.helpers.run import REPO, read_metrics, scaletrain_cli
 from tests.helpers.tasks import toy_job
 
 pytestmark = pytest.mark.distributed
@@ -111,6 +113,43 @@ def test_a_rank_that_always_fails_names_it(tmp_path, monkeypatch, ray_cluster):
     with pytest.raises(WorkerFailedError) as info:
         scaletrain.run(job)
     assert str(info.value).startswith("worker rank 1 failed: RuntimeError: injected fault at step 5 on rank 1")
+
+
+def test_sigterm_to_the_launcher_stops_the_ray_workers_at_a_checkpoint_then_resume(
+    tmp_path, ray_cluster, local_reference
+):
+    """Preemption on a cluster: the launcher relays the stop to the workers, which agree on a
+    step and checkpoint (exit 75); `scaletrain resume` continues on the cluster, same weights."""
+    import yaml
+
+    job = ray_job(tmp_path, task={"args": {"dropout": 0.1, "step_sleep": 0.1}},
+                  scale={"engine": "ray", "address": ray_cluster.address})
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "scaletrain", "run", str(job_file), "--json"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline, reported = time.time() + 180, False
+    while time.time() < deadline and not reported:  # step 8 reported: preempt
+        found = list((tmp_path / "runs" / "toy").glob("*/metrics.jsonl"))
+        reported = bool(found) and len(found[0].read_text().splitlines()) >= 8
+        time.sleep(0.2)
+    assert reported
+    launcher.send_signal(signal.SIGTERM)
+    out, err = launcher.communicate(timeout=180)
+    assert launcher.returncode == 75, err[-3000:]
+    preempted = json.loads(out)
+    assert preempted["status"] == "preempted" and 8 <= preempted["steps"] < 30
+    run_dir = preempted["run_dir"]
+    assert f"continue with: scaletrain resume {run_dir}" in err
+
+    done = scaletrain_cli("resume", run_dir, "--json", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["engine"] == "ray" and summary["resumed_from_step"] == preempted["steps"]
+    assert summary["weights_sha256"] == local_reference["weights_sha256"]
+    assert [row["step"] for row in read_metrics(run_dir)] == list(range(1, 31))
 
 
 def test_a_local_ray_instance_is_started_and_stopped(tmp_path):

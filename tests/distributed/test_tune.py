@@ -67,6 +67,7 @@ def test_a_search_with_asha_nests_its_trials_and_writes_the_best_job(tmp_path):
 
 
 def test_a_failing_trial_is_retried_from_its_checkpoint_and_the_others_go_on(tmp_path):
+    """Optuna TPE search; one trial's job fails once mid-run."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     job = toy_job(
         tmp_path,
@@ -78,14 +79,16 @@ def test_a_failing_trial_is_retried_from_its_checkpoint_and_the_others_go_on(tmp
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job))
     space = tmp_path / "space.yaml"
-    space.write_text("optim.lr: {grid: [0.05, 0.02]}\n")
-    out = scaletrain_cli(
-        "tune", str(job_file), "--space", str(space), "--trials", "1", "--scheduler", "none",
-        "--json", timeout=600,
+    space.write_text("optim.lr: {loguniform: [0.01, 0.05]}\n")
+    out = scaletrain_cli(  # Optuna's TPE proposes the trials
+        "tune", str(job_file), "--space", str(space), "--trials", "2", "--search", "optuna",
+        "--scheduler", "none", "--json", timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
     assert [row["status"] for row in summary["trials"]] == ["finished", "finished"]
+    lrs = [row["config"]["optim.lr"] for row in summary["trials"]]
+    assert all(0.01 <= lr <= 0.05 for lr in lrs) and lrs[0] != lrs[1], lrs
     runs = [json.loads(Path(row["run_dir"], "summary.json").read_text()) for row in summary["trials"]]
     retried = [run for run in runs if run["attempt"] == 2]
     assert len(retried) == 1 and retried[0]["resumed_from_step"] == 10 and retried[0]["steps"] == 30
