@@ -7,6 +7,7 @@ mid-run must be recovered from the newest verified checkpoint with the same weig
 
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -153,15 +154,24 @@ def test_sigterm_to_the_launcher_stops_the_ray_workers_at_a_checkpoint_then_resu
 
 
 def test_a_local_ray_instance_is_started_and_stopped(tmp_path):
-    """No address: a Ray instance for this run only, with token authentication and no dashboard."""
-    import ray
-
+    """No address: a Ray instance for this run only, on loopback, with token authentication
+    and no dashboard (a fresh interpreter: Ray reads these settings when it is imported)."""
+    job_file = tmp_path / "job.yaml"
     job = ray_job(tmp_path, scale={"engine": "ray", "workers": 1}, train={"max_steps": 5, "eval_every": 5})
-    summary = scaletrain.run(job)
+    job_file.write_text(json.dumps(job))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # not the cluster's
+    out = subprocess.run([sys.executable, "-m", "scaletrain", "run", str(job_file), "--json"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
     assert summary["engine"] == "ray" and summary["steps"] == 5
-    assert not ray.is_initialized()
-    driver_log = (Path(summary["run_dir"]) / "logs" / "launcher.jsonl").read_text()
-    assert '"ray_auth_mode": "token"' in driver_log and '"ray_dashboard": null' in driver_log
+    started = [
+        json.loads(line) for line in (Path(summary["run_dir"]) / "logs" / "launcher.jsonl").read_text().splitlines()
+        if '"started a local Ray instance"' in line
+    ]
+    assert len(started) == 1
+    assert started[0]["ray_node_ip"] == "127.0.0.1" and started[0]["ray_address"].startswith("127.0.0.1:")
+    assert started[0]["ray_auth_mode"] == "token" and started[0]["ray_dashboard"] is None
 
 
 def test_without_ray_the_engine_names_the_extra(tmp_path):

@@ -108,8 +108,11 @@ def _run_and_report(start: Any, as_json: bool) -> None:
         summary = start()
     except ScaletrainError as exc:
         if as_json:
-            status = "preempted" if isinstance(exc, RunPreempted) else "failed"
-            typer.echo(json.dumps({"status": status, "error": str(exc)}))
+            outcome: dict[str, Any] = {"status": "failed", "error": str(exc)}
+            if isinstance(exc, RunPreempted):  # what `scaletrain resume` needs
+                outcome.update(status="preempted", run_dir=exc.run_dir, steps=exc.step,
+                               checkpoint_step=exc.checkpoint_step)
+            typer.echo(json.dumps(outcome))
         _fail(exc)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)

@@ -37,15 +37,24 @@ _log = logging.getLogger("scaletrain_launcher.ray")  # launcher.jsonl
 _RAY_LOGGERS = ("ray", "ray.train", "ray.data", "ray.tune")
 
 
+# Ray's switch for clusters on macOS/Windows; "0" keeps a local instance on 127.0.0.1.
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
 def import_ray(local_instance: bool = False):
     """Ray and Ray Train, or one line that names the extra to install.
 
-    For a local instance, token authentication is asked for before Ray reads its settings
-    (at import): Ray 2.59+ turns it on for local instances by itself, 2.52-2.58 need
-    RAY_AUTH_MODE=token; either way Ray generates the token. A RAY_AUTH_MODE the user set stands.
+    A local instance is made safe before Ray reads its settings (at import):
+    - loopback only: Ray's local-only mode (its default on macOS and Windows) makes the node
+      address 127.0.0.1, and every Ray server then listens on 127.0.0.1 alone; on Linux Ray
+      would advertise the machine's address and listen on all interfaces;
+    - token authentication: Ray 2.59+ turns it on for local instances by itself, 2.52-2.58
+      need RAY_AUTH_MODE=token; either way Ray generates the token.
+    Settings the user made stand.
     """
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     if local_instance and "ray" not in sys.modules:
+        os.environ.setdefault(LOCAL_ONLY_ENV, "0")
         os.environ.setdefault("RAY_AUTH_MODE", "token")
     try:
         import ray
