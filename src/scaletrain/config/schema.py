@@ -97,6 +97,31 @@ class TrainConfig(Section):
         return self
 
 
+Dtype = Literal["fp32", "bf16", "fp16"]
+
+
+class FSDPConfig(Section):
+    """FSDP2 (``fully_shard``) settings for the fsdp and hsdp strategies."""
+
+    reshard_after_forward: bool = Field(
+        True, description="free each block's gathered parameters after its forward (less memory, "
+        "one more all-gather in backward); false keeps them until backward (ZeRO-2-like)"
+    )
+    param_dtype: Dtype | None = Field(
+        None, description="dtype parameters are gathered and computed in (default: as stored, fp32)"
+    )
+    reduce_dtype: Dtype | None = Field(
+        None, description="dtype gradients are reduced in (default: param_dtype)"
+    )
+    cpu_offload: bool = Field(
+        False, description="keep sharded parameters, gradients and optimizer state in CPU memory"
+    )
+    shard_size: PositiveInt | None = Field(
+        None, description="hsdp: ranks in one shard group (default: the workers on one node); "
+        "groups replicate each other"
+    )
+
+
 class ScaleConfig(Section):
     workers: PositiveInt = Field(1, description="training processes (on this machine, or on the Ray cluster)")
     engine: Literal["local", "ray"] = Field(
@@ -107,8 +132,15 @@ class ScaleConfig(Section):
         description="ray engine: the cluster to join (default: RAY_ADDRESS; none: start a local "
         "Ray instance for the run)",
     )
-    strategy: Literal["auto", "single", "ddp"] = Field(
-        "auto", description="auto: single for 1 worker, ddp for more"
+    strategy: Literal["auto", "single", "ddp", "fsdp", "hsdp"] = Field(
+        "auto", description="single, ddp (full replicas), fsdp (parameters, gradients and optimizer "
+        "state sharded), hsdp (sharded within a group, replicated across groups); auto: single for "
+        "1 worker, ddp for more"
+    )
+    fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
+    activation_checkpointing: bool = Field(
+        False, description="recompute each block's activations in backward instead of keeping them "
+        "(any strategy; blocks: the task's blocks(model), else the repeated layers found in the model)"
     )
     threads_per_worker: PositiveInt | None = Field(
         None,
@@ -126,6 +158,12 @@ class ScaleConfig(Section):
             raise ValueError(
                 f"strategy 'single' runs one process but workers is {self.workers}; "
                 "use strategy 'ddp' or 'auto'"
+            )
+        size = self.fsdp.shard_size
+        if self.strategy == "hsdp" and size is not None and self.workers % size:
+            raise ValueError(
+                f"hsdp needs workers ({self.workers}) to be a multiple of fsdp.shard_size ({size}); "
+                "change one of them"
             )
         return self
 

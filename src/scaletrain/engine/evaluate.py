@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_leaves
 from scaletrain.distributed.process_group import all_reduce_sum
 from scaletrain.task import split_loss_output
 
-__all__ = ["evaluate", "batch_length"]
+__all__ = ["evaluate", "eval_batches", "batch_length"]
 
 
 def batch_length(batch: Any) -> int:
@@ -30,19 +30,27 @@ def evaluate(
     batches: Iterable[Any],
     to_device: Callable[[Any], Any],
     autocast: Callable[[], Any],
+    forwards: int | None = None,
 ) -> dict[str, float]:
-    """Sample-weighted means of the loss and of every metric the task returns."""
+    """Sample-weighted means of the loss and of every metric the task returns.
+
+    ``forwards``: run the model exactly this many times (sharded models gather parameters in
+    each forward, so every rank must run as many); a rank whose shard is a batch short runs
+    its last batch again, uncounted."""
     was_training = model.training
     model.eval()
     names: list[str] = []
     sums: torch.Tensor | None = None
     count = 0
+    done = 0
+    batch = None
     try:
         for batch in batches:
             batch = to_device(batch)
             n = batch_length(batch)
             with autocast():
                 loss, metrics = split_loss_output(loss_fn(model, batch))
+            done += 1
             values = {"loss": loss, **metrics}
             if sums is None:
                 names = sorted(values)
@@ -50,6 +58,10 @@ def evaluate(
             row = torch.tensor([float(values[k]) * n for k in names], dtype=torch.float64)
             sums += row
             count += n
+        while forwards is not None and done < forwards and batch is not None:
+            with autocast():
+                loss_fn(model, batch)
+            done += 1
     finally:
         model.train(was_training)
     if sums is None:
@@ -64,3 +76,9 @@ def _device_of(model: nn.Module) -> torch.device:
     for param in model.parameters():
         return param.device
     return torch.device("cpu")
+
+
+def eval_batches(dataset_len: int, batch_size: int, world_size: int) -> int:
+    """The most batches any rank's eval shard has (rank 0's: shards differ by one sample)."""
+    per_rank = -(-dataset_len // world_size)
+    return -(-per_rank // batch_size)

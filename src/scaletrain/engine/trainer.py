@@ -20,13 +20,15 @@ from scaletrain.distributed.device import Placement, autocast, seed_rng
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.process_group import all_reduce_mean
 from scaletrain.engine.control import Control, StopRequest
-from scaletrain.engine.evaluate import evaluate
+from scaletrain.engine.evaluate import eval_batches, evaluate
 from scaletrain.engine.optim import build_optimizer
 from scaletrain.engine.schedule import LRSchedule, build_scheduler
 from scaletrain.engine.weights import state_dict_sha256
 from scaletrain.errors import ScaletrainError
 from scaletrain.faults import FaultPlan
 from scaletrain.strategies import get_strategy
+from scaletrain.strategies.activation_checkpoint import checkpoint_blocks
+from scaletrain.strategies.blocks import find_blocks
 from scaletrain.task import split_loss_output
 from scaletrain.tracking.reporter import Reporter, StepReport
 
@@ -69,11 +71,16 @@ class Trainer:
         self.checkpoints, self.faults = checkpoints, faults
         self.control = control or Control(env.is_distributed, StopRequest(), None, None)
         self.device = placement.device
-        self.strategy = get_strategy(job.scale.resolved_strategy)
+        self.strategy = get_strategy(job.scale.resolved_strategy, job.scale)
 
         # Same seed on every rank, so every replica is built identically.
         seed_rng(derive_seed(job.seed, "init"), self.device)
-        self.model = self.strategy.wrap(task.build_model(), placement)
+        model = task.build_model()
+        blocks = find_blocks(model, task)
+        if job.scale.activation_checkpointing:
+            checkpoint_blocks(blocks)
+        self.model = self.strategy.wrap(model, placement, blocks)
+        self.final_state: dict[str, torch.Tensor] | None = None  # rank 0, once fit ends
         self.optimizer = build_optimizer(self.strategy.unwrap(self.model), job.optim)
 
         self.train_set = task.train_dataset()
@@ -155,7 +162,9 @@ class Trainer:
             self.checkpoints.close()
             result.last_checkpoint_step = self.checkpoints.last_saved_step
         result.steps = self.step
-        result.weights_sha256 = state_dict_sha256(self.strategy.unwrap(self.model).state_dict())
+        # Collective for sharded strategies: every rank takes part, rank 0 gets the weights.
+        self.final_state = self.strategy.full_state_dict(self.model)
+        result.weights_sha256 = state_dict_sha256(self.final_state) if self.env.is_main else ""
         self.reporter.on_end()
         return result
 
@@ -299,6 +308,9 @@ class Trainer:
             loader,
             self._to_device,
             lambda: autocast(self.device, self.job.train.precision),
+            # Sharded parameters are gathered in every forward: all ranks run as many.
+            forwards=eval_batches(len(self.eval_set), self.job.data.batch_size, self.env.world_size)
+            if self.strategy.sharded else None,
         )
         self.last_metrics.update({f"eval/{k}": (self.step, v) for k, v in metrics.items()})
         self.reporter.on_eval_metrics(self.step, metrics)

@@ -210,6 +210,9 @@ def _train(
         card_writer.join()
     if env.is_main and result.preempted is None:
         model = trainer.strategy.unwrap(trainer.model)
+        if trainer.strategy.sharded:  # a plain copy of the model with the gathered weights
+            model = task.build_model()
+            model.load_state_dict(trainer.final_state)
         save_weights(
             model,
             os.path.join(spec.run_dir, WEIGHTS_FILE),

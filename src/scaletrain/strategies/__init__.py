@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from scaletrain.strategies.base import Strategy
 from scaletrain.strategies.ddp import DDPStrategy
+from scaletrain.strategies.fsdp import FSDPStrategy, HSDPStrategy
 from scaletrain.strategies.single import SingleStrategy
+
+if TYPE_CHECKING:
+    from scaletrain.config.schema import ScaleConfig
 
 __all__ = ["Strategy", "STRATEGIES", "get_strategy"]
 
 STRATEGIES: dict[str, type[Strategy]] = {
     SingleStrategy.name: SingleStrategy,
     DDPStrategy.name: DDPStrategy,
+    FSDPStrategy.name: FSDPStrategy,
+    HSDPStrategy.name: HSDPStrategy,
 }
 
 
-def get_strategy(name: str) -> Strategy:
-    return STRATEGIES[name]()
+def get_strategy(name: str, scale: ScaleConfig | None = None) -> Strategy:
+    return STRATEGIES[name](scale)

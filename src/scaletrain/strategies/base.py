@@ -4,25 +4,40 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from scaletrain.distributed.device import Placement
 
+if TYPE_CHECKING:
+    from scaletrain.config.schema import ScaleConfig
+
 __all__ = ["Strategy"]
 
 
 class Strategy(ABC):
     name: str = ""
+    sharded: bool = False  # parameters split over ranks: every rank must run every forward
+
+    def __init__(self, scale: ScaleConfig | None = None):
+        self.scale = scale
 
     @abstractmethod
-    def wrap(self, model: nn.Module, placement: Placement) -> nn.Module:
-        """Move the model to its device and wrap it for this strategy."""
+    def wrap(self, model: nn.Module, placement: Placement, blocks: Sequence[nn.Module] = ()) -> nn.Module:
+        """Move the model to its device and wrap it for this strategy (``blocks``: its
+        repeated layers, for strategies that treat them one by one)."""
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's module, for evaluation and state dicts."""
+        """The user's module (for FSDP: the same module, its parameters sharded)."""
         return model
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Every weight, whole, on rank 0 (other ranks may get an empty dict). Collective:
+        every rank calls it."""
+        return self.unwrap(model).state_dict()
 
     def sync_gradients(self, model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-step; ``sync=False`` skips gradient communication."""
@@ -30,11 +45,16 @@ class Strategy(ABC):
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
         """Clip the global gradient norm in place and return the norm before clipping."""
-        return nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        norm = self.grad_norm(model)
+        nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
+        return norm
 
     def grad_norm(self, model: nn.Module) -> torch.Tensor:
-        """The global gradient norm, without changing any gradient."""
+        """The global gradient norm, without changing any gradient (a plain tensor, also
+        when gradients are sharded DTensors)."""
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         if not grads:
             return torch.zeros(())
-        return nn.utils.get_total_norm(grads)
+        norm = nn.utils.get_total_norm(grads)
+        full_tensor = getattr(norm, "full_tensor", None)  # DTensor: reduce over the shards
+        return full_tensor() if full_tensor is not None else norm

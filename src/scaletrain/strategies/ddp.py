@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import contextlib
 
 from torch import nn
@@ -16,7 +18,7 @@ __all__ = ["DDPStrategy"]
 class DDPStrategy(Strategy):
     name = "ddp"
 
-    def wrap(self, model: nn.Module, placement: Placement) -> nn.Module:
+    def wrap(self, model: nn.Module, placement: Placement, blocks: Sequence[nn.Module] = ()) -> nn.Module:
         model = model.to(placement.device)
         device_ids = [placement.device.index] if placement.device.type == "cuda" else None
         # DDP broadcasts rank 0's parameters at construction, so every replica starts equal.

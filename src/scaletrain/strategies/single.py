@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import nn
 
 from scaletrain.distributed.device import Placement
@@ -13,5 +15,5 @@ __all__ = ["SingleStrategy"]
 class SingleStrategy(Strategy):
     name = "single"
 
-    def wrap(self, model: nn.Module, placement: Placement) -> nn.Module:
+    def wrap(self, model: nn.Module, placement: Placement, blocks: Sequence[nn.Module] = ()) -> nn.Module:
         return model.to(placement.device)

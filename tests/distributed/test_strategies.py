@@ -1,0 +1,77 @@
+"""Same numbers whatever the strategy: single, DDP, FSDP2 and HSDP on the tiny_gpt example
+(2 gloo workers), checkpoints that move between strategies, recovery under FSDP.
+
+Tolerance for losses: relative 1e-5 per step over 20 steps. DDP all-reduces gradients, FSDP
+reduce-scatters them and a single process sums one batch of twice the size: the same
+arithmetic in another order, so float32 rounding differs in the last bits (measured: 1e-7).
+"""
+
+import pytest
+
+import scaletrain
+from scaletrain.faults import FAULT_ENV
+from tests.helpers.run import REPO, read_metrics
+
+pytestmark = pytest.mark.distributed
+
+JOB = str(REPO / "examples" / "tiny_gpt.yaml")
+STEPS = 20
+REL_TOL = 1e-5
+
+
+def tiny_gpt(root, strategy, workers=2, *extra):
+    per_worker = 64 // workers  # the same global batch of 64 sequences for every layout
+    return [
+        f"run_dir={root / strategy}", f"scale.strategy={strategy}", f"scale.workers={workers}",
+        f"data.batch_size={per_worker}", f"train.max_steps={STEPS}", "train.log_every=1",
+        "train.eval_every=10", "checkpoint.every_steps=10", "tracking.enabled=false", *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("strategies")
+    return {
+        "single": scaletrain.run(JOB, tiny_gpt(root, "single", 1)),
+        "ddp": scaletrain.run(JOB, tiny_gpt(root, "ddp")),
+        "fsdp": scaletrain.run(JOB, tiny_gpt(root, "fsdp")),
+        # 2 replicas of 1 shard each on a 2-D mesh, recomputing each block's activations
+        "hsdp": scaletrain.run(JOB, tiny_gpt(
+            root, "hsdp", 2, "scale.fsdp.shard_size=1", "scale.activation_checkpointing=true")),
+    }
+
+
+def losses(summary):
+    return [row["loss"] for row in read_metrics(summary["run_dir"])]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "hsdp"])
+def test_every_strategy_gives_the_single_process_losses(runs, strategy):
+    reference, other = losses(runs["single"]), losses(runs[strategy])
+    assert len(reference) == len(other) == STEPS
+    for step, (a, b) in enumerate(zip(reference, other), start=1):
+        assert b == pytest.approx(a, rel=REL_TOL), f"step {step}: single {a}, {strategy} {b}"
+    assert runs[strategy]["eval"]["loss"] == pytest.approx(runs["single"]["eval"]["loss"], rel=REL_TOL)
+    assert runs[strategy]["strategy"] == strategy and runs[strategy]["world_size"] == 2
+
+
+def test_a_fsdp_checkpoint_loads_under_ddp_and_single_and_back(runs, tmp_path):
+    """Resuming at the last step trains nothing: the final weights are the loaded ones."""
+    fsdp_checkpoint = f"{runs['fsdp']['run_dir']}/checkpoints/step-{STEPS:08d}"
+    under_ddp = scaletrain.resume(fsdp_checkpoint, ["scale.strategy=ddp"])
+    under_single = scaletrain.resume(
+        fsdp_checkpoint, ["scale.strategy=single", "scale.workers=1", "data.batch_size=64"])
+    assert under_ddp["resumed_from_step"] == under_single["resumed_from_step"] == STEPS
+    assert under_ddp["weights_sha256"] == runs["fsdp"]["weights_sha256"]
+    assert under_single["weights_sha256"] == runs["fsdp"]["weights_sha256"]
+    ddp_checkpoint = f"{runs['ddp']['run_dir']}/checkpoints/step-{STEPS:08d}"
+    back = scaletrain.resume(ddp_checkpoint, ["scale.strategy=fsdp"])
+    assert back["weights_sha256"] == runs["ddp"]["weights_sha256"]
+
+
+def test_a_killed_fsdp_worker_resumes_to_the_same_weights(runs, tmp_path, monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "sigkill:rank=1:step=15")
+    summary = scaletrain.run(JOB, tiny_gpt(tmp_path, "fsdp", 2, "recovery.max_restarts=1"))
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 10
+    assert summary["weights_sha256"] == runs["fsdp"]["weights_sha256"]
+    assert [row["step"] for row in read_metrics(summary["run_dir"])] == list(range(1, STEPS + 1))
