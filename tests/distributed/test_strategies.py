@@ -75,3 +75,37 @@ def test_a_killed_fsdp_worker_resumes_to_the_same_weights(runs, tmp_path, monkey
     assert summary["restarts"] == 1 and summary["resumed_from_step"] == 10
     assert summary["weights_sha256"] == runs["fsdp"]["weights_sha256"]
     assert [row["step"] for row in read_metrics(summary["run_dir"])] == list(range(1, STEPS + 1))
+
+
+def logged_state_bytes(summary):
+    """What each rank measured it holds after its first step (worker logs)."""
+    import json
+    from pathlib import Path
+
+    found = {}
+    for log in sorted(Path(summary["run_dir"], "logs").glob("worker-*.jsonl")):
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            if entry["message"] == "model state bytes":
+                found[entry["rank"]] = entry["state_bytes"]
+    return found
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp", "hsdp"])
+def test_the_planner_predicts_each_ranks_state_bytes_exactly(runs, strategy):
+    import sys
+
+    from scaletrain.plan.estimate import state_bytes_per_rank
+    from scaletrain.plan.model_profile import profile_task
+
+    sys.path.insert(0, str(REPO / "examples"))
+    from tiny_gpt import TinyGPTTask
+
+    profile = profile_task(TinyGPTTask(layers=2, dim=64, heads=4, context=32, vocab=32), "tiny_gpt")
+    measured = logged_state_bytes(runs[strategy])
+    shard = {"single": 1, "ddp": 1, "fsdp": 2, "hsdp": 1}[strategy]  # hsdp here: 2 replicas of 1
+    assert sorted(measured) == list(range(runs[strategy]["world_size"]))
+    for rank, sizes in measured.items():
+        predicted = state_bytes_per_rank(profile, shard, rank % shard, "adamw", 0.0)  # rank in its shard group
+        assert {k: sizes[k] for k in predicted} == predicted, f"rank {rank}"
+        assert sizes["buffers"] == profile.buffer_bytes

@@ -206,6 +206,101 @@ def _print_trials(summary: dict[str, Any]) -> None:
         console.print("no trial finished: no best job")
 
 
+@app.command()
+def plan(
+    job: Annotated[Optional[str], typer.Argument(help="a job file (or give --params / a transformer shape)", metavar="[JOB]", show_default=False)] = None,
+    set_: SetOpt = None,
+    params: Annotated[Optional[float], typer.Option("--params", help="what-if: a parameter count, e.g. 7e9")] = None,
+    layers: Annotated[Optional[int], typer.Option("--layers", help="what-if transformer: layers")] = None,
+    hidden: Annotated[Optional[int], typer.Option("--hidden", help="hidden size")] = None,
+    heads: Annotated[Optional[int], typer.Option("--heads", help="attention heads")] = None,
+    vocab: Annotated[int, typer.Option("--vocab", help="vocabulary size")] = 32000,
+    seq: Annotated[int, typer.Option("--seq", help="sequence length")] = 2048,
+    batch: Annotated[int, typer.Option("--batch", help="what-if: samples (sequences) per device per step")] = 1,
+    precision: Annotated[str, typer.Option("--precision", help="what-if: bf16 or fp32")] = "bf16",
+    optimizer: Annotated[str, typer.Option("--optimizer", help="what-if: adamw or sgd")] = "adamw",
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="what-if GPUs: H200, H100, A100, L40S, L4, A10, V100, T4")] = None,
+    devices_per_node: Annotated[Optional[int], typer.Option("--devices-per-node", help="GPUs (or CPU workers) per node")] = None,
+    nodes: Annotated[Optional[int], typer.Option("--nodes", help="nodes")] = None,
+    memory_gb: Annotated[Optional[float], typer.Option("--memory-gb", help="memory per device, GiB")] = None,
+    tflops: Annotated[Optional[float], typer.Option("--tflops", help="sustained TFLOP/s per device")] = None,
+    intra_gbps: Annotated[Optional[float], typer.Option("--intra-gbps", help="GB/s per rank within a node")] = None,
+    inter_gbps: Annotated[Optional[float], typer.Option("--inter-gbps", help="GB/s per rank across nodes")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table")] = False,
+) -> None:
+    """Memory, communication and step time of every strategy; which one to use, and why."""
+    from scaletrain.plan import plan_job, plan_what_if
+
+    hardware = {
+        "gpu": gpu, "devices_per_node": devices_per_node, "nodes": nodes,
+        "memory_bytes": memory_gb * 1024**3 if memory_gb else None, "flops": tflops * 1e12 if tflops else None,
+        "intra_bw": intra_gbps * 1e9 if intra_gbps else None, "inter_bw": inter_gbps * 1e9 if inter_gbps else None,
+    }
+    shape = {"layers": layers, "hidden": hidden, "heads": heads}
+    try:
+        if job is not None:
+            if params is not None or any(shape.values()):
+                raise ConfigError("give a job file or a what-if (--params, or --layers/--hidden/--heads), not both")
+            result = plan_job(job, set_ or [], hardware)
+        elif any(shape.values()):
+            missing = [f"--{k}" for k, v in shape.items() if not v]
+            if missing:
+                raise ConfigError(f"a transformer what-if needs {', '.join(missing)} as well")
+            result = plan_what_if(shape={**shape, "vocab": vocab, "seq": seq}, batch=batch,
+                                  hardware=hardware, optimizer=optimizer, precision=precision)
+        elif params is not None:
+            if params <= 0:
+                raise ConfigError(f"--params must be a positive count, got {params:g}")
+            result = plan_what_if(params=params, batch=batch, hardware=hardware, optimizer=optimizer, precision=precision)
+        else:
+            raise ConfigError("give a job file, --params N, or a transformer shape (--layers --hidden --heads)")
+    except ValueError as exc:
+        _fail(ConfigError(str(exc)))
+    except ScaletrainError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(result.as_dict()))
+    else:
+        _print_plan(result)
+
+
+def _print_plan(result: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def size(value: float) -> str:
+        return f"{value / 1024**3:.2f} GiB" if value >= 1024**3 / 10 else f"{value / 1024**2:.1f} MiB"
+
+    model, hw = result.model, result.hardware
+    console = Console()
+    console.print(
+        f"[bold]{model['name']}[/]: {model['params']:,} parameters ({size(model['param_bytes'])}), "
+        f"{model['blocks']} blocks; batch {result.batch_per_device} per device"
+    )
+    console.print(
+        f"hardware ({hw['source']}): {hw['nodes']} x {hw['devices_per_node']} {hw['device']} devices, "
+        f"{hw['name']}, {size(hw['memory_bytes'])} each, {hw['flops'] / 1e12:.2f} TFLOP/s sustained"
+    )
+    table = Table(title="memory per device, communication and time per step")
+    for column in ("strategy", "ranks", "params", "grads", "optim", "activ.", "buffers", "total", "fits",
+                   "comm/step", "step", "samples/s"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for e in result.estimates:
+        m = e.memory
+        chosen = result.recommended is e
+        table.add_row(
+            ("* " if chosen else "") + e.option.label, str(e.option.world), size(m["params"]), size(m["grads"]),
+            size(m["optimizer"]), size(m["activations"]), size(m["buffers"]), size(m["total"]),
+            "yes" if e.fits else "[red]no[/]", size(sum(e.comm_bytes.values())),
+            f"{e.step_s * 1e3:.1f} ms" if e.step_s else "-",
+            f"{e.samples_per_s:,.0f}" if e.samples_per_s else "-",
+        )
+    console.print(table)
+    console.print(f"[bold]recommendation[/]: {result.reason}")
+    for note in result.notes:
+        console.print(f"note: {note}")
+
+
 checkpoints_app = typer.Typer(help="List and verify checkpoints.", no_args_is_help=True)
 app.add_typer(checkpoints_app, name="checkpoints")
 PathArg = Annotated[

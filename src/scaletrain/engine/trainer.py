@@ -26,6 +26,7 @@ from scaletrain.engine.schedule import LRSchedule, build_scheduler
 from scaletrain.engine.weights import state_dict_sha256
 from scaletrain.errors import ScaletrainError
 from scaletrain.faults import FaultPlan
+from scaletrain.plan.state_bytes import measure_state_bytes
 from scaletrain.strategies import get_strategy
 from scaletrain.strategies.activation_checkpoint import checkpoint_blocks
 from scaletrain.strategies.blocks import find_blocks
@@ -81,6 +82,7 @@ class Trainer:
             checkpoint_blocks(blocks)
         self.model = self.strategy.wrap(model, placement, blocks)
         self.final_state: dict[str, torch.Tensor] | None = None  # rank 0, once fit ends
+        self._state_logged = False
         self.optimizer = build_optimizer(self.strategy.unwrap(self.model), job.optim)
 
         self.train_set = task.train_dataset()
@@ -281,6 +283,9 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
+        if not self._state_logged:  # once: what this rank holds (the planner's check)
+            self._state_logged = True
+            log.info("model state bytes", extra={"state_bytes": measure_state_bytes(self.model, self.optimizer)})
         self.optimizer.zero_grad(set_to_none=True)
         return _StepOutput(
             loss=_mean_loss(losses) if report else None,

@@ -22,7 +22,8 @@ class DDPStrategy(Strategy):
         model = model.to(placement.device)
         device_ids = [placement.device.index] if placement.device.type == "cuda" else None
         # DDP broadcasts rank 0's parameters at construction, so every replica starts equal.
-        return DistributedDataParallel(model, device_ids=device_ids)
+        # Gradients live in DDP's communication buckets (one copy of them, not two).
+        return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model

@@ -1,0 +1,48 @@
+"""`scaletrain plan`: does this job need more than one process, and which strategy?
+
+model_profile measures the model, hardware describes the machine, estimate puts them
+together: memory per device, communication and step time for every strategy, and a choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from scaletrain.plan.estimate import Plan, make_plan
+from scaletrain.plan.hardware import Hardware, detect_hardware, named_gpu
+from scaletrain.plan.model_profile import ModelProfile, profile_params, profile_task, profile_transformer
+
+__all__ = ["plan_job", "plan_what_if", "Plan", "Hardware"]
+
+
+def plan_job(job: Any, overrides: list[str] | tuple[str, ...] = (), hardware: dict[str, Any] | None = None) -> Plan:
+    """Profile the job's model (meta device, one measured pass) and plan for the machine."""
+    from scaletrain.api import resolve_job
+    from scaletrain.task import build_task
+
+    config, search_path = resolve_job(job, list(overrides))
+    task = build_task(config.task.target, config.task.args, search_path)
+    profile = profile_task(task, config.name, config.train.precision)
+    return make_plan(profile, _hardware(hardware), config.data.batch_size * config.train.grad_accum,
+                     config.optim.name, config.optim.momentum, config.train.precision)
+
+
+def plan_what_if(params: float | None = None, shape: dict[str, int] | None = None, batch: int = 1,
+                 hardware: dict[str, Any] | None = None, optimizer: str = "adamw",
+                 precision: str = "bf16") -> Plan:
+    profile: ModelProfile
+    if shape:
+        profile = profile_transformer(precision=precision, **shape)
+    else:
+        profile = profile_params(params or 0)
+    return make_plan(profile, _hardware(hardware), batch, optimizer, 0.9 if optimizer == "sgd" else 0.0, precision)
+
+
+def _hardware(overrides: dict[str, Any] | None) -> Hardware:
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    gpu = given.pop("gpu", None)
+    hardware = named_gpu(gpu, given.get("devices_per_node", 8), given.get("nodes", 1)) if gpu else detect_hardware()
+    if given:
+        hardware = replace(hardware, source="detected, with flags", **given)
+    return hardware

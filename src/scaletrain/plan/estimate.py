@@ -1,0 +1,212 @@
+"""Memory, communication and step time of each way to run a model on some hardware, and the
+recommendation. The formulas, with their sources, are in docs/planning.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from scaletrain.plan.hardware import Hardware
+from scaletrain.plan.model_profile import ModelProfile
+from scaletrain.plan.state_bytes import local_bytes, optimizer_bytes
+
+__all__ = ["Option", "Estimate", "Plan", "make_plan", "state_bytes_per_rank", "USABLE_MEMORY"]
+
+USABLE_MEMORY = 0.9  # of a device's memory: the rest goes to the allocator's fragmentation, kernels, comm buffers
+SIMPLICITY = ["single", "ddp", "fsdp (no reshard)", "fsdp", "hsdp"]
+
+
+@dataclass(frozen=True)
+class Option:
+    strategy: str  # single | ddp | fsdp | hsdp
+    world: int
+    shard: int = 1  # ranks a parameter is split over
+    reshard_after_forward: bool = True
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+
+    @property
+    def label(self) -> str:
+        name = "fsdp (no reshard)" if self.strategy == "fsdp" and not self.reshard_after_forward else self.strategy
+        return name + (" +AC" if self.activation_checkpointing else "") + (" +offload" if self.cpu_offload else "")
+
+    @property
+    def family(self) -> str:
+        return "fsdp (no reshard)" if self.strategy == "fsdp" and not self.reshard_after_forward else self.strategy
+
+
+@dataclass
+class Estimate:
+    option: Option
+    memory: dict[str, float]  # per device: params, grads, optimizer, activations, buffers, total
+    host_memory: float
+    fits: bool
+    comm_bytes: dict[str, float]  # per rank per step: intra_node, inter_node
+    compute_s: float | None
+    comm_s: float
+    step_s: float | None
+    samples_per_s: float | None
+
+    def as_dict(self) -> dict:
+        row = asdict(self)
+        row["option"] = {**asdict(self.option), "label": self.option.label}
+        return row
+
+
+@dataclass
+class Plan:
+    model: dict
+    hardware: dict
+    batch_per_device: int
+    estimates: list[Estimate]
+    recommended: Estimate | None
+    reason: str
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"model": self.model, "hardware": self.hardware, "batch_per_device": self.batch_per_device,
+                "estimates": [e.as_dict() for e in self.estimates],
+                "recommended": self.recommended.option.label if self.recommended else None,
+                "reason": self.reason, "notes": self.notes}
+
+
+def state_bytes_per_rank(profile: ModelProfile, shard: int, rank: int, optimizer: str, momentum: float) -> dict[str, int]:
+    """What a rank keeps between steps: its part of the parameters, gradients, optimizer state
+    (``rank``: its place in its shard group, of ``shard`` ranks)."""
+    params = local_bytes(profile.shapes, shard, rank)
+    return {"params": params, "grads": params,
+            "optimizer": optimizer_bytes(profile.shapes, optimizer, momentum, shard, rank)}
+
+
+def _options(hardware: Hardware) -> list[Option]:
+    world, per_node = hardware.world, hardware.devices_per_node
+    options = []
+    for ac in (False, True):
+        options.append(Option("single", 1, activation_checkpointing=ac))
+        if world > 1:
+            options.append(Option("ddp", world, activation_checkpointing=ac))
+            options.append(Option("fsdp", world, world, reshard_after_forward=False, activation_checkpointing=ac))
+            for offload in (False, True):
+                if offload and hardware.device != "cuda":
+                    continue  # offloading to the host is a GPU thing: a CPU's device memory is the host's
+                options.append(Option("fsdp", world, world, activation_checkpointing=ac, cpu_offload=offload))
+            if hardware.nodes > 1 and per_node > 1:
+                options.append(Option("hsdp", world, per_node, activation_checkpointing=ac))
+    return options
+
+
+def _estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: int, optimizer: str,
+              momentum: float, precision: str) -> Estimate:
+    state = state_bytes_per_rank(profile, option.shard, 0, optimizer, momentum)  # rank 0 holds the most
+    gathered_scale = 0.5 if precision in ("bf16", "fp16") else 1.0  # FSDP gathers in the compute dtype
+    params, grads, opt = float(state["params"]), float(state["grads"]), float(state["optimizer"])
+    if option.shard > 1:
+        block = profile.largest_block_bytes * gathered_scale
+        if option.reshard_after_forward:  # the root stays gathered; a block and the next one in flight
+            params += profile.root_bytes * gathered_scale + 2 * block
+        else:  # every block stays gathered from its forward to its backward
+            params += profile.param_bytes * gathered_scale
+        grads += block / gathered_scale  # one block's unsharded gradients before reduce-scatter
+    activations = profile.activations.bytes(batch, option.activation_checkpointing) if profile.activations else 0.0
+    host = 0.0
+    if option.cpu_offload:
+        host = float(state["params"] + state["grads"] + state["optimizer"])
+        params -= state["params"]
+        grads -= state["grads"]
+        opt = 0.0
+    memory = {"params": params, "grads": grads, "optimizer": opt, "activations": activations,
+              "buffers": float(profile.buffer_bytes)}
+    memory["total"] = sum(memory.values())
+    fits = memory["total"] <= USABLE_MEMORY * hardware.memory_bytes
+
+    n, grad_bytes = option.world, float(profile.param_bytes)  # gradients reduced in fp32
+    compute_bytes = profile.param_bytes * gathered_scale
+    intra = inter = 0.0
+    if option.strategy == "ddp":
+        ring = 2 * (n - 1) / n * grad_bytes
+        intra, inter = (ring, 0.0) if hardware.nodes == 1 else (0.0, ring)
+    elif option.strategy in ("fsdp", "hsdp"):
+        s = option.shard
+        gathers = 2 if option.reshard_after_forward else 1
+        sharded = (s - 1) / s * (gathers * compute_bytes + grad_bytes)
+        replicas = n // s
+        across = 2 * (replicas - 1) / replicas * grad_bytes / s if replicas > 1 else 0.0
+        if option.strategy == "fsdp" and hardware.nodes > 1:
+            inter = sharded
+        else:
+            intra, inter = sharded, across
+    comm_s = intra / hardware.intra_bw + inter / hardware.inter_bw
+    compute_s = None
+    step_s = None
+    samples = None
+    if profile.flops_per_sample:
+        compute_s = profile.flops_per_sample * batch / hardware.flops
+        if option.activation_checkpointing:
+            compute_s *= 4 / 3  # the forward runs again in backward: forward is 1/3 of fwd+bwd
+        step_s = max(compute_s, comm_s)  # communication overlaps compute (DDP buckets, FSDP prefetch)
+        if option.cpu_offload:
+            moved = 2 * state["params"] * gathered_scale + state["grads"]
+            step_s += moved / hardware.offload_bw + (state["params"] + state["optimizer"]) / hardware.host_memory_bw
+        samples = option.world * batch / step_s
+    return Estimate(option, memory, host, fits, {"intra_node": intra, "inter_node": inter},
+                    compute_s, comm_s, step_s, samples)
+
+
+def make_plan(profile: ModelProfile, hardware: Hardware, batch: int, optimizer: str = "adamw",
+              momentum: float = 0.0, precision: str = "fp32") -> Plan:
+    estimates = [_estimate(o, profile, hardware, batch, optimizer, momentum, precision) for o in _options(hardware)]
+    recommended, reason = _recommend(estimates, hardware, profile)
+    notes = []
+    if profile.activations is None:
+        notes.append("activations unknown (only a parameter count): give the model's shape or a job for them")
+    if profile.flops_per_sample is None:
+        notes.append("no FLOP count: step times are not estimated; the choice is by memory alone")
+    return Plan(
+        model={"name": profile.name, "params": profile.params, "param_bytes": profile.param_bytes,
+               "buffer_bytes": profile.buffer_bytes, "blocks": len(profile.block_shapes),
+               "flops_per_sample": profile.flops_per_sample,
+               "activation_bytes_per_sample": profile.activations.per_sample if profile.activations else None,
+               "activations_measured_on": profile.activations.measured_on if profile.activations else None},
+        hardware=hardware.as_dict(), batch_per_device=batch, estimates=estimates,
+        recommended=recommended, reason=reason, notes=notes,
+    )
+
+
+def _gb(value: float) -> str:
+    return f"{value / 1024**3:.2f} GiB" if value >= 1024**3 / 10 else f"{value / 1024**2:.1f} MiB"
+
+
+def _recommend(estimates: list[Estimate], hardware: Hardware, profile: ModelProfile) -> tuple[Estimate | None, str]:
+    usable = USABLE_MEMORY * hardware.memory_bytes
+    fitting = [e for e in estimates if e.fits]
+    if not fitting:
+        smallest = min(estimates, key=lambda e: e.memory["total"])
+        return None, (f"nothing fits: the smallest, {smallest.option.label}, needs {_gb(smallest.memory['total'])} "
+                      f"per device and {_gb(usable)} is usable; add devices, lower data.batch_size, "
+                      "train in bf16 or offload to the host")
+
+    def rank(e: Estimate) -> tuple:
+        speed = e.samples_per_s or 0.0
+        return (-round(speed / max(x.samples_per_s or 1e-30 for x in fitting), 2) if speed else 0,
+                SIMPLICITY.index(e.option.family), e.option.activation_checkpointing, e.option.cpu_offload)
+
+    best = min(fitting, key=rank)
+    ddp = next((e for e in estimates if e.option.label == "ddp"), None)
+    single = next(e for e in estimates if e.option.label == "single")
+    need, have = best.memory["total"], usable
+    if best.option.strategy == "single":
+        if hardware.world == 1:
+            return best, f"one process is enough: one device is all there is, and the job needs {_gb(need)} of its {_gb(have)}"
+        return best, (f"one process is enough: it needs {_gb(need)} of {_gb(have)}, and more workers would spend "
+                      "more time communicating than they save computing")
+    if best.option.strategy == "ddp":
+        text = (f"data parallel: a full replica fits on each device ({_gb(need)} of {_gb(have)}); the all-reduce "
+                f"moves {_gb(best.comm_bytes['intra_node'] + best.comm_bytes['inter_node'])} per rank per step")
+        if best.compute_s is not None:
+            hidden = "hidden behind" if best.comm_s <= best.compute_s else "longer than"
+            text += f", {best.comm_s * 1e3:.1f} ms {hidden} {best.compute_s * 1e3:.1f} ms of compute"
+        return best, text + (" (with activation checkpointing: activations do not fit otherwise)" if best.option.activation_checkpointing else "")
+    why = (f"a full replica needs {_gb(ddp.memory['total'] if ddp else single.memory['total'])} per device, "
+           f"{_gb(have)} is usable" if not (ddp or single).fits else "it is the fastest that fits")
+    return best, (f"{best.option.label}: {why}; sharding over {best.option.shard} ranks brings it to {_gb(need)} "
+                  f"per device")

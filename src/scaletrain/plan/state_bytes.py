@@ -1,0 +1,75 @@
+"""Bytes of training state a rank holds, predicted (from shapes) and measured (from tensors).
+
+Both sides count the same things: parameters, their gradients and the optimizer's state as
+this rank stores them (FSDP shards each parameter along dim 0 in ``torch.chunk`` pieces, so
+rank r holds rows [r*c, (r+1)*c) with c = ceil(rows / world)). The planner's tests compare
+the two exactly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["ParamShape", "shard_rows", "local_bytes", "optimizer_bytes", "measure_state_bytes"]
+
+STEP_BYTES = 4  # AdamW keeps a float32 scalar step counter per parameter (on the CPU path)
+
+
+@dataclass(frozen=True)
+class ParamShape:
+    rows: int  # size of dim 0 (1 for a scalar)
+    row_numel: int  # elements per row
+    itemsize: int
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> ParamShape:
+        shape = tuple(tensor.shape)
+        rows = shape[0] if shape else 1
+        numel = 1
+        for size in shape:
+            numel *= size
+        return cls(rows, numel // rows if rows else 0, tensor.element_size())
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_numel * self.itemsize
+
+
+def shard_rows(rows: int, world: int, rank: int) -> int:
+    chunk = -(-rows // world)
+    return max(0, min(chunk, rows - rank * chunk))
+
+
+def local_bytes(shapes: list[ParamShape], world: int = 1, rank: int = 0) -> int:
+    """Bytes of these parameters on ``rank`` when sharded over ``world`` (1: whole)."""
+    return sum(shard_rows(s.rows, world, rank) * s.row_numel * s.itemsize for s in shapes)
+
+
+def optimizer_bytes(shapes: list[ParamShape], optimizer: str, momentum: float, world: int = 1, rank: int = 0) -> int:
+    """AdamW: exp_avg and exp_avg_sq like the parameter, plus its step. SGD: a momentum buffer
+    when momentum is on, else nothing."""
+    weights = local_bytes(shapes, world, rank)
+    if optimizer == "sgd":
+        return weights if momentum else 0
+    return 2 * weights + STEP_BYTES * len(shapes)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard on this rank
+
+
+def measure_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    state = 0
+    for per_param in optimizer.state.values():
+        for value in per_param.values():
+            if isinstance(value, torch.Tensor):
+                state += _local(value).nbytes
+    return {
+        "params": sum(_local(p).nbytes for p in params),
+        "grads": sum(_local(p.grad).nbytes for p in params if p.grad is not None),
+        "optimizer": state,
+        "buffers": sum(b.nbytes for b in model.buffers()),
+    }

@@ -1,0 +1,119 @@
+"""The planner: model profiles (exact state bytes, activations within 10%), strategies'
+memory and communication, the recommendation and the CLI's one-line errors."""
+
+import json
+import sys
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import default_collate
+
+from scaletrain.plan import plan_what_if
+from scaletrain.plan.estimate import make_plan, state_bytes_per_rank
+from scaletrain.plan.hardware import named_gpu
+from scaletrain.plan.model_profile import profile_task
+from scaletrain.plan.state_bytes import measure_state_bytes
+from tests.helpers.run import REPO, scaletrain_cli
+
+sys.path.insert(0, str(REPO / "examples"))
+from digits import DigitsTask  # noqa: E402
+from tiny_gpt import TinyGPTTask  # noqa: E402
+
+TASKS = {
+    "digits": lambda: DigitsTask(hidden=128, dropout=0.1),
+    "tiny_gpt": lambda: TinyGPTTask(layers=2, dim=64, heads=4, context=32, vocab=32),
+}
+
+
+def saved_tensor_bytes(task, model, batch_size):
+    """Independent measurement: bytes of distinct storages autograd keeps for backward."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    dataset = task.train_dataset()
+    batch = default_collate([dataset[i] for i in range(batch_size)])
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = task.loss(model, batch)
+    (out[0] if isinstance(out, tuple) else out).backward()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_state_bytes_match_the_real_model_and_optimizer_exactly(name):
+    task = TASKS[name]()
+    profile = profile_task(task, name)
+    model = task.build_model()
+    optimizer = torch.optim.AdamW(model.parameters())
+    out = task.loss(model, default_collate([task.train_dataset()[i] for i in range(4)]))
+    (out[0] if isinstance(out, tuple) else out).backward()
+    optimizer.step()
+    measured = measure_state_bytes(model, optimizer)
+    assert state_bytes_per_rank(profile, 1, 0, "adamw", 0.0) == {k: measured[k] for k in ("params", "grads", "optimizer")}
+    assert profile.params == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+@pytest.mark.parametrize("batch", [8, 32])
+def test_activation_estimate_is_within_10_percent_of_the_saved_tensors(name, batch):
+    task = TASKS[name]()
+    profile = profile_task(task, name)
+    torch.manual_seed(0)
+    measured = saved_tensor_bytes(task, task.build_model(), batch)
+    estimate = profile.activations.bytes(batch)
+    assert abs(estimate - measured) <= 0.10 * measured, (estimate, measured)
+
+
+def test_sharding_divides_state_and_adds_the_gathered_blocks():
+    profile = profile_task(TASKS["tiny_gpt"](), "tiny_gpt")
+    hardware = named_gpu("H100", devices_per_node=4)
+    plan = make_plan(profile, hardware, batch=8)
+    rows = {e.option.label: e for e in plan.estimates}
+    ddp, fsdp = rows["ddp"], rows["fsdp"]
+    assert ddp.memory["optimizer"] == state_bytes_per_rank(profile, 1, 0, "adamw", 0.0)["optimizer"]
+    assert fsdp.memory["optimizer"] == state_bytes_per_rank(profile, 4, 0, "adamw", 0.0)["optimizer"]
+    assert fsdp.memory["optimizer"] < ddp.memory["optimizer"] / 3
+    # All-reduce moves 2(n-1)/n of the gradients; FSDP all-gathers twice and reduce-scatters once.
+    grads = profile.param_bytes
+    assert ddp.comm_bytes["intra_node"] == pytest.approx(2 * 3 / 4 * grads)
+    assert fsdp.comm_bytes["intra_node"] == pytest.approx(3 / 4 * 3 * grads)
+
+
+def test_a_7b_what_if_on_8_h100_needs_sharding_and_says_why():
+    plan = plan_what_if(shape={"layers": 32, "hidden": 4096, "heads": 32, "vocab": 32000, "seq": 4096},
+                        batch=1, hardware={"gpu": "H100", "devices_per_node": 8})
+    assert plan.model["params"] == pytest.approx(6.6e9, rel=0.05)
+    rows = {e.option.label: e for e in plan.estimates}
+    assert not rows["ddp"].fits  # 16 bytes per parameter of model state alone is over 80 GB
+    state = rows["ddp"].memory["params"] + rows["ddp"].memory["grads"] + rows["ddp"].memory["optimizer"]
+    assert state == pytest.approx(16 * plan.model["params"], rel=0.001)  # fp32 weights, grads, 2 Adam moments
+    assert plan.recommended.option.strategy == "fsdp" and plan.recommended.fits
+    assert "a full replica needs" in plan.reason
+
+
+def test_a_small_model_on_one_gpu_is_single():
+    plan = plan_what_if(params=1e8, batch=8, hardware={"gpu": "A100", "devices_per_node": 1})
+    assert plan.recommended.option.label == "single"
+    assert plan.reason.startswith("one process is enough")
+    assert "activations unknown" in plan.notes[0]
+
+
+def test_plan_cli_json_and_bad_input():
+    out = scaletrain_cli("plan", "--params", "7e9", "--gpu", "H100", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["recommended"] and data["hardware"]["name"] == "H100"
+    bad = scaletrain_cli("plan", "--gpu", "H900", "--params", "1e9")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "error: unknown GPU 'H900'; known: H200, H100, A100, L40S, L4, A10, V100, T4 (or give --memory-gb and --tflops)"]
+    nothing = scaletrain_cli("plan")
+    assert nothing.returncode == 2
+    assert nothing.stderr.strip().splitlines() == [
+        "error: give a job file, --params N, or a transformer shape (--layers --hidden --heads)"]
