@@ -162,6 +162,7 @@ def _run_attempt(
     summary.update(
         status="finished",
         steps=result["steps"],
+        strategy=result.get("strategy") or summary["strategy"],
         resumed_from_step=result.get("resumed_from_step"),
         restarts=result.get("restarts", 0),
         checkpoint_step=result.get("last_checkpoint_step"),

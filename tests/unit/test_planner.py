@@ -117,3 +117,23 @@ def test_plan_cli_json_and_bad_input():
     assert nothing.returncode == 2
     assert nothing.stderr.strip().splitlines() == [
         "error: give a job file, --params N, or a transformer shape (--layers --hidden --heads)"]
+
+
+def test_auto_picks_ddp_when_a_replica_fits_and_fsdp_when_only_shards_do():
+    from scaletrain.config.loading import load_job
+    from scaletrain.plan.auto import resolve_auto_strategy
+    from scaletrain.plan.hardware import Hardware
+
+    job = load_job(REPO / "examples" / "digits.yaml", [])
+    task = TASKS["digits"]()
+    assert resolve_auto_strategy(job, task, 2, torch.device("cpu"), False).scale.strategy == "ddp"
+    assert resolve_auto_strategy(job, task, 1, torch.device("cpu"), False).scale.strategy == "single"
+
+    profile = profile_task(TASKS["tiny_gpt"](), "tiny_gpt")
+    rows = {e.option.label: e for e in make_plan(profile, named_gpu("H100", 4), batch=32).estimates}
+    between = (rows["fsdp"].memory["total"] + rows["ddp"].memory["total"]) / 2 / 0.9
+    tight = Hardware("cuda", "small", 4, 1, between, 1.0, 1.0, 1.0)
+    plan = make_plan(profile, tight, batch=32, every_device=True)
+    assert {e.option.world for e in plan.estimates} == {4}
+    assert plan.recommended.option.strategy == "fsdp" and not rows["ddp"].memory["total"] <= 0.9 * between
+    assert plan.reason.startswith(plan.recommended.option.label + ": a full replica needs")

@@ -52,6 +52,7 @@ class TrainResult:
     resumed_from_step: int | None = None
     preempted: str | None = None  # the signal that stopped training early, after a checkpoint
     last_checkpoint_step: int | None = None
+    strategy: str = ""  # what ran (scale.strategy auto resolves in the workers)
 
 
 class Trainer:
@@ -138,7 +139,8 @@ class Trainer:
             pin_memory=self.device.type == "cuda",
         )
         batches = iter(loader)
-        result = TrainResult(steps=self.step, resumed_from_step=self.resumed_from_step)
+        result = TrainResult(steps=self.step, resumed_from_step=self.resumed_from_step,
+                             strategy=self.job.scale.resolved_strategy)
         self.reporter.on_start(total_steps=self.max_steps, start_step=self.step)
         window = _Window(time.perf_counter(), self.step)
         self.model.train()

@@ -185,6 +185,10 @@ def _train(
     """Build, resume if there is a checkpoint, fit; the trainer (model, DDP, optimizer) dies
     with this frame."""
     task = build_task(job.task.target, job.task.args, spec.python_path)
+    if job.scale.strategy == "auto":  # the planner's choice for these workers, logged with its reason
+        from scaletrain.plan.auto import resolve_auto_strategy
+
+        job = resolve_auto_strategy(job, task, env.world_size, placement.device, env.is_main)
     faults = FaultPlan(env.rank, restart_count())
     trainer = Trainer(
         job, task, env, placement, reporter,

@@ -153,8 +153,10 @@ def _estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: 
 
 
 def make_plan(profile: ModelProfile, hardware: Hardware, batch: int, optimizer: str = "adamw",
-              momentum: float = 0.0, precision: str = "fp32") -> Plan:
-    estimates = [_estimate(o, profile, hardware, batch, optimizer, momentum, precision) for o in _options(hardware)]
+              momentum: float = 0.0, precision: str = "fp32", every_device: bool = False) -> Plan:
+    """``every_device``: only ways that use all of the hardware's devices (the workers are given)."""
+    options = [o for o in _options(hardware) if not every_device or o.world == hardware.world]
+    estimates = [_estimate(o, profile, hardware, batch, optimizer, momentum, precision) for o in options]
     recommended, reason = _recommend(estimates, hardware, profile)
     notes = []
     if profile.activations is None:
@@ -192,7 +194,7 @@ def _recommend(estimates: list[Estimate], hardware: Hardware, profile: ModelProf
 
     best = min(fitting, key=rank)
     ddp = next((e for e in estimates if e.option.label == "ddp"), None)
-    single = next(e for e in estimates if e.option.label == "single")
+    single = next((e for e in estimates if e.option.label == "single"), None)
     need, have = best.memory["total"], usable
     if best.option.strategy == "single":
         if hardware.world == 1:
@@ -206,7 +208,8 @@ def _recommend(estimates: list[Estimate], hardware: Hardware, profile: ModelProf
             hidden = "hidden behind" if best.comm_s <= best.compute_s else "longer than"
             text += f", {best.comm_s * 1e3:.1f} ms {hidden} {best.compute_s * 1e3:.1f} ms of compute"
         return best, text + (" (with activation checkpointing: activations do not fit otherwise)" if best.option.activation_checkpointing else "")
-    why = (f"a full replica needs {_gb(ddp.memory['total'] if ddp else single.memory['total'])} per device, "
-           f"{_gb(have)} is usable" if not (ddp or single).fits else "it is the fastest that fits")
+    replica = ddp or single
+    why = (f"a full replica needs {_gb(replica.memory['total'])} per device, {_gb(have)} is usable"
+           if replica is not None and not replica.fits else "it is the fastest that fits")
     return best, (f"{best.option.label}: {why}; sharding over {best.option.shard} ranks brings it to {_gb(need)} "
                   f"per device")

@@ -71,7 +71,10 @@ class ModelProfile:
         return self.param_bytes - sum(s.nbytes for block in self.block_shapes for s in block)
 
 
-def profile_task(task: Any, name: str, precision: str = "fp32") -> ModelProfile:
+def profile_task(task: Any, name: str, precision: str = "fp32", real_pass: bool | None = None,
+                 count_flops: bool = True) -> ModelProfile:
+    """``real_pass``: measure activations with real tensors (default: when the model is
+    small enough to build on the CPU), else on the meta device."""
     with torch.device("meta"):
         meta_model = task.build_model()
     shapes = [ParamShape.of(p) for p in meta_model.parameters() if p.requires_grad]
@@ -82,7 +85,7 @@ def profile_task(task: Any, name: str, precision: str = "fp32") -> ModelProfile:
         buffer_bytes=sum(b.nbytes for b in meta_model.buffers()),
         block_shapes=[[ParamShape.of(p) for p in b.parameters() if p.requires_grad] for b in blocks],
     )
-    real = sum(s.nbytes for s in shapes) <= REAL_PASS_LIMIT_BYTES
+    real = sum(s.nbytes for s in shapes) <= REAL_PASS_LIMIT_BYTES if real_pass is None else real_pass
     device = "cpu" if real else "meta"
     if real:
         torch.manual_seed(0)
@@ -95,7 +98,7 @@ def profile_task(task: Any, name: str, precision: str = "fp32") -> ModelProfile:
     passes = {}
     for batch in (1, 2):
         samples = collate([dataset[i] for i in range(batch)])
-        passes[batch] = _saved_bytes(model, blocks, task.loss, _to(samples, device), precision, device)
+        passes[batch] = _saved_bytes(model, blocks, task.loss, _to(samples, device), precision, device, count_flops)
     one, two = passes[1], passes[2]
     per_sample = two["total"] - one["total"]
     ac_per_sample = two["checkpointed"] - one["checkpointed"]
@@ -116,7 +119,8 @@ def _to(batch: Any, device: str) -> Any:
     return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, batch)
 
 
-def _saved_bytes(model: nn.Module, blocks: list[nn.Module], loss_fn: Any, batch: Any, precision: str, device: str) -> dict[str, float]:
+def _saved_bytes(model: nn.Module, blocks: list[nn.Module], loss_fn: Any, batch: Any, precision: str, device: str,
+                 count_flops: bool = True) -> dict[str, float]:
     """One forward (and backward on real tensors): bytes autograd saved, in total and per block,
     the bytes entering each block, and the FLOPs counted."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -145,13 +149,14 @@ def _saved_bytes(model: nn.Module, blocks: list[nn.Module], loss_fn: Any, batch:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     autocast = torch.autocast(device_type="cpu", dtype=dtype) if dtype and device == "cpu" else contextlib.nullcontext()
     model.train()
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False) if count_flops else None
+    counting = counter if counter is not None else contextlib.nullcontext()
     try:
-        with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        with counting, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
             out = loss_fn(model, batch)
             loss = out[0] if isinstance(out, tuple) else out
         if device != "meta":
-            with counter:
+            with counting:
                 loss.backward()
             model.zero_grad(set_to_none=True)
     finally:
@@ -163,7 +168,8 @@ def _saved_bytes(model: nn.Module, blocks: list[nn.Module], loss_fn: Any, batch:
         if index >= 0:
             per_block[index] += size
     checkpointed = total - sum(per_block) + sum(inputs) + max(per_block, default=0)
-    return {"total": float(total), "checkpointed": float(checkpointed), "flops": float(counter.get_total_flops())}
+    flops = float(counter.get_total_flops()) if counter is not None else 0.0
+    return {"total": float(total), "checkpointed": float(checkpointed), "flops": flops}
 
 
 def profile_transformer(layers: int, hidden: int, heads: int, vocab: int, seq: int, precision: str = "bf16") -> ModelProfile:

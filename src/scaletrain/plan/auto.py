@@ -1,0 +1,78 @@
+"""``scale.strategy: auto``: the planner's choice for the workers this job was given.
+
+Decided in every worker before the model is built, from the model on the meta device and one
+forward/backward pass (real tensors on the CPU for models up to 256 MiB, else the meta device;
+every rank computes the same answer): the first of
+ddp, fsdp without resharding, fsdp (then the same with activation checkpointing) whose
+memory fits one device. One worker is always single.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from scaletrain.config.schema import JobConfig
+from scaletrain.plan.estimate import make_plan
+from scaletrain.plan.hardware import Hardware
+from scaletrain.plan.model_profile import profile_task
+
+__all__ = ["resolve_auto_strategy"]
+
+log = logging.getLogger("scaletrain.plan")
+REAL_PASS_BYTES = 256 * 1024**2
+
+
+def resolve_auto_strategy(job: JobConfig, task: Any, world: int, device: torch.device, is_main: bool) -> JobConfig:
+    if job.scale.strategy != "auto":
+        return job
+    if world == 1:
+        return _with(job, "single", job.scale.activation_checkpointing)
+    try:
+        with torch.device("meta"):
+            size = sum(p.nbytes for p in task.build_model().parameters())
+        # Small models: a real pass on the CPU (milliseconds); large ones on the meta device.
+        profile = profile_task(task, job.name, job.train.precision, real_pass=size <= REAL_PASS_BYTES,
+                               count_flops=False)
+    except Exception as exc:  # a loss the meta device cannot run (.item()...): decide on state alone
+        log.debug("meta pass failed: %s", exc)
+        with torch.device("meta"):
+            from scaletrain.plan.model_profile import ModelProfile
+            from scaletrain.plan.state_bytes import ParamShape
+
+            model = task.build_model()
+        profile = ModelProfile(job.name, [ParamShape.of(p) for p in model.parameters() if p.requires_grad],
+                               sum(b.nbytes for b in model.buffers()))
+    hardware = Hardware(device=device.type, name=device.type, devices_per_node=world, nodes=1,
+                        memory_bytes=_device_memory(device, world), flops=1.0, intra_bw=1.0, inter_bw=1.0,
+                        source="this job's workers")
+    plan = make_plan(profile, hardware, job.data.batch_size, job.optim.name, job.optim.momentum,
+                     job.train.precision, every_device=True)
+    chosen = plan.recommended
+    if chosen is None or chosen.option.cpu_offload:
+        strategy, checkpointing = "fsdp", True
+        reason = plan.reason + "; trying fsdp with activation checkpointing anyway"
+    else:
+        strategy, checkpointing = chosen.option.strategy, chosen.option.activation_checkpointing
+        reason = plan.reason
+        if chosen.option.strategy == "fsdp" and not chosen.option.reshard_after_forward:
+            job = job.model_copy(update={"scale": job.scale.model_copy(update={
+                "fsdp": job.scale.fsdp.model_copy(update={"reshard_after_forward": False})})})
+    if is_main:
+        log.info("strategy auto -> %s%s: %s", strategy, " with activation checkpointing" if checkpointing else "",
+                 reason, extra={"strategy": strategy, "activation_checkpointing": checkpointing})
+    return _with(job, strategy, checkpointing or job.scale.activation_checkpointing)
+
+
+def _with(job: JobConfig, strategy: str, checkpointing: bool) -> JobConfig:
+    scale = job.scale.model_copy(update={"strategy": strategy, "activation_checkpointing": checkpointing})
+    return job.model_copy(update={"scale": scale})
+
+
+def _device_memory(device: torch.device, world: int) -> float:
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / world
