@@ -241,7 +241,11 @@ def plan(
         if job is not None:
             if params is not None or any(shape.values()):
                 raise ConfigError("give a job file or a what-if (--params, or --layers/--hidden/--heads), not both")
-            result = plan_job(job, set_ or [], hardware)
+            from scaletrain.api import resolve_job
+            from scaletrain.task import build_task
+
+            config, search_path = resolve_job(job, set_ or [])
+            result = plan_job(config, build_task(config.task.target, config.task.args, search_path), hardware)
         elif any(shape.values()):
             missing = [f"--{k}" for k, v in shape.items() if not v]
             if missing:

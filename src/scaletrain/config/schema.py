@@ -134,8 +134,8 @@ class ScaleConfig(Section):
     )
     strategy: Literal["auto", "single", "ddp", "fsdp", "hsdp"] = Field(
         "auto", description="single, ddp (full replicas), fsdp (parameters, gradients and optimizer "
-        "state sharded), hsdp (sharded within a group, replicated across groups); auto: single for "
-        "1 worker, ddp for more"
+        "state sharded), hsdp (sharded within a group, replicated across groups); auto: the "
+        "planner's choice for these workers (single for 1; ddp when a replica fits, else fsdp), logged"
     )
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
     activation_checkpointing: bool = Field(

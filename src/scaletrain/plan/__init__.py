@@ -16,13 +16,8 @@ from scaletrain.plan.model_profile import ModelProfile, profile_params, profile_
 __all__ = ["plan_job", "plan_what_if", "Plan", "Hardware"]
 
 
-def plan_job(job: Any, overrides: list[str] | tuple[str, ...] = (), hardware: dict[str, Any] | None = None) -> Plan:
-    """Profile the job's model (meta device, one measured pass) and plan for the machine."""
-    from scaletrain.api import resolve_job
-    from scaletrain.task import build_task
-
-    config, search_path = resolve_job(job, list(overrides))
-    task = build_task(config.task.target, config.task.args, search_path)
+def plan_job(config: Any, task: Any, hardware: dict[str, Any] | None = None) -> Plan:
+    """Profile a resolved job's model (meta device, one measured pass) and plan for the machine."""
     profile = profile_task(task, config.name, config.train.precision)
     return make_plan(profile, _hardware(hardware), config.data.batch_size * config.train.grad_accum,
                      config.optim.name, config.optim.momentum, config.train.precision)

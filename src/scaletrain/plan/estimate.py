@@ -139,8 +139,12 @@ def _estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: 
     compute_s = None
     step_s = None
     samples = None
-    if profile.flops_per_sample:
-        compute_s = profile.flops_per_sample * batch / hardware.flops
+    measured_here = hardware.device == "cpu" and profile.cpu_seconds is not None
+    if profile.flops_per_sample or measured_here:
+        if measured_here:  # timed on this CPU: per-op overhead included
+            compute_s = profile.cpu_seconds[0] + profile.cpu_seconds[1] * batch
+        else:
+            compute_s = profile.flops_per_sample * batch / hardware.flops
         if option.activation_checkpointing:
             compute_s *= 4 / 3  # the forward runs again in backward: forward is 1/3 of fwd+bwd
         step_s = max(compute_s, comm_s)  # communication overlaps compute (DDP buckets, FSDP prefetch)

@@ -52,6 +52,7 @@ class ModelProfile:
     activations: ActivationProfile | None = None
     flops_per_sample: float | None = None  # forward + backward
     sample: str = "sample"
+    cpu_seconds: tuple[float, float] | None = None  # measured forward+backward on this CPU: (fixed, per sample)
 
     @property
     def params(self) -> int:
@@ -100,6 +101,10 @@ def profile_task(task: Any, name: str, precision: str = "fp32", real_pass: bool 
         samples = collate([dataset[i] for i in range(batch)])
         passes[batch] = _saved_bytes(model, blocks, task.loss, _to(samples, device), precision, device, count_flops)
     one, two = passes[1], passes[2]
+    if real:  # timed too: small models spend their step in per-op overhead FLOPs do not show
+        times = {b: _fwd_bwd_seconds(model, task.loss, collate([dataset[i] for i in range(b)])) for b in (1, 8)}
+        per = max(0.0, (times[8] - times[1]) / 7)
+        profile.cpu_seconds = (max(0.0, times[1] - per), per)
     per_sample = two["total"] - one["total"]
     ac_per_sample = two["checkpointed"] - one["checkpointed"]
     profile.activations = ActivationProfile(
@@ -111,6 +116,19 @@ def profile_task(task: Any, name: str, precision: str = "fp32", real_pass: bool 
     )
     profile.flops_per_sample = two["flops"] / 2 if two["flops"] else None
     return profile
+
+
+def _fwd_bwd_seconds(model: nn.Module, loss_fn: Any, batch: Any, repeats: int = 5) -> float:
+    import time
+
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        out = loss_fn(model, batch)
+        (out[0] if isinstance(out, tuple) else out).backward()
+        best = min(best, time.perf_counter() - started)
+    model.zero_grad(set_to_none=True)
+    return best
 
 
 def _to(batch: Any, device: str) -> Any:
