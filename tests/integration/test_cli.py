@@ -132,6 +132,9 @@ def test_validate_prints_the_resolved_job(tmp_path):
     assert resolved["scale"] == {
         "workers": 2, "engine": "local", "address": None, "strategy": "auto",
         "threads_per_worker": None, "cpus_per_worker": 1.0, "gpus_per_worker": None,
+        "fsdp": {"reshard_after_forward": True, "param_dtype": None, "reduce_dtype": None,
+                 "cpu_offload": False, "shard_size": None},
+        "activation_checkpointing": False,
     }
     assert resolved["train"]["precision"] == "fp32"
 

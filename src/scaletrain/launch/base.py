@@ -68,7 +68,9 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str]) 
         if _is_echo(error) and silent:
             rank, what = silent[0], fallback[silent[0]]
     else:
-        rank = ranks[0] if ranks else 0
+        # Several ranks killed outright (the agent SIGKILLs the ones left waiting on a dead
+        # peer): the first to fall silent is the cause.
+        rank = min(fallback, key=lambda r: (_last_heard(spec, r), r)) if fallback else (ranks[0] if ranks else 0)
         what = fallback.get(rank, "unknown failure")
     log_path = str(spec.worker_log(rank))
     return WorkerFailedError(
@@ -77,6 +79,13 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str]) 
         log_path=log_path,
         bad_input=bad_input,
     )
+
+
+def _last_heard(spec: RunSpec, rank: int) -> float:
+    try:
+        return spec.worker_log(rank).stat().st_mtime
+    except OSError:
+        return float("inf")
 
 
 def _hung_ranks(spec: RunSpec, ranks: Iterable[int]) -> list[int]:
