@@ -61,13 +61,21 @@ def checkpoint_names(summary):
 
 
 def test_sigkill_between_checkpoints_resumes_to_the_same_weights(tmp_path, monkeypatch, reference):
-    summary = run_with_fault(monkeypatch, "sigkill:rank=1:step=25", recovery_job(tmp_path))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    job = recovery_job(tmp_path)
+    job["tracking"] = {"enabled": True, "uri": uri, "experiment": "restarts"}
+    summary = run_with_fault(monkeypatch, "sigkill:rank=1:step=25", job)
     assert summary["restarts"] == 1 and summary["resumed_from_step"] == 20
     assert summary["weights_sha256"] == reference["weights_sha256"]
     assert [row["step"] for row in read_metrics(summary["run_dir"])] == list(range(1, 41))
     assert [row["step"] for row in read_metrics(summary["run_dir"], "eval")] == [20, 40]
     # keep_last 3 of 10, 20, 30, 40
     assert checkpoint_names(summary) == ["step-00000020", "step-00000030", "step-00000040"]
+    # The same MLflow run, the restart counted, steps 21-25 redone and journaled once.
+    run = MlflowClient(uri).get_run(summary["mlflow_run_id"])
+    assert run.data.tags["scaletrain.restarts"] == "1"
+    steps = [m.step for m in MlflowClient(uri).get_metric_history(run.info.run_id, "train/loss")]
+    assert steps == list(range(1, 41))
 
 
 def test_two_faults_in_one_run(tmp_path, monkeypatch, reference):
@@ -155,18 +163,6 @@ def test_preemption_of_a_worker_then_resume_continues_the_same_mlflow_run(tmp_pa
         (Path(resumed["run_dir"]) / "checkpoints" / "step-00000040" / "manifest.json").read_text()
     )
     assert manifest.mlflow_run_id == run.info.run_id and manifest.world_size == 2
-
-
-def test_sigkill_restarts_are_counted_on_the_mlflow_run(tmp_path, monkeypatch, reference):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    job = recovery_job(tmp_path)
-    job["tracking"] = {"enabled": True, "uri": uri, "experiment": "restarts"}
-    summary = run_with_fault(monkeypatch, "sigkill:rank=1:step=25", job)
-    run = MlflowClient(uri).get_run(summary["mlflow_run_id"])
-    assert run.data.tags["scaletrain.restarts"] == "1"
-    steps = [m.step for m in MlflowClient(uri).get_metric_history(run.info.run_id, "train/loss")]
-    assert steps == list(range(1, 41))  # steps 21-25 were redone, and journaled once
-    assert summary["weights_sha256"] == reference["weights_sha256"]
 
 
 def test_resume_on_one_worker_reads_the_same_batches(tmp_path, monkeypatch):

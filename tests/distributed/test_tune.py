@@ -82,7 +82,7 @@ def test_a_failing_trial_is_retried_from_its_checkpoint_and_the_others_go_on(tmp
     space.write_text("optim.lr: {loguniform: [0.01, 0.05]}\n")
     out = scaletrain_cli(  # Optuna's TPE proposes the trials
         "tune", str(job_file), "--space", str(space), "--trials", "2", "--search", "optuna",
-        "--scheduler", "none", "--json", timeout=600,
+        "--max-concurrent", "2", "--scheduler", "none", "--json", timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
