@@ -18,7 +18,8 @@ import torch
 from scaletrain.config.schema import JobConfig
 from scaletrain.plan.estimate import make_plan
 from scaletrain.plan.hardware import Hardware
-from scaletrain.plan.model_profile import profile_task
+from scaletrain.plan.model_profile import ModelProfile, profile_task
+from scaletrain.plan.state_bytes import ParamShape
 
 __all__ = ["resolve_auto_strategy"]
 
@@ -40,9 +41,6 @@ def resolve_auto_strategy(job: JobConfig, task: Any, world: int, device: torch.d
     except Exception as exc:  # a loss the meta device cannot run (.item()...): decide on state alone
         log.debug("meta pass failed: %s", exc)
         with torch.device("meta"):
-            from scaletrain.plan.model_profile import ModelProfile
-            from scaletrain.plan.state_bytes import ParamShape
-
             model = task.build_model()
         profile = ModelProfile(job.name, [ParamShape.of(p) for p in model.parameters() if p.requires_grad],
                                sum(b.nbytes for b in model.buffers()))
