@@ -1,8 +1,8 @@
 """``scale.strategy: auto``: the planner's choice for the workers this job was given.
 
-Decided in every worker before the model is built, from the model on the meta device and one
-forward/backward pass (real tensors on the CPU for models up to 256 MiB, else the meta device;
-every rank computes the same answer): the first of
+Decided in every worker before the model is built, from the model on the meta device (every
+rank computes the same answer); activations are measured (a meta-device pass) only when the
+model state takes over half a device: the first of
 ddp, fsdp without resharding, fsdp (then the same with activation checkpointing) whose
 memory fits one device. One worker is always single.
 """
@@ -24,7 +24,7 @@ from scaletrain.plan.state_bytes import ParamShape
 __all__ = ["resolve_auto_strategy"]
 
 log = logging.getLogger("scaletrain.plan")
-REAL_PASS_BYTES = 256 * 1024**2
+STATE_SHARE = 0.5
 
 
 def resolve_auto_strategy(job: JobConfig, task: Any, world: int, device: torch.device, is_main: bool) -> JobConfig:
@@ -32,20 +32,21 @@ def resolve_auto_strategy(job: JobConfig, task: Any, world: int, device: torch.d
         return job
     if world == 1:
         return _with(job, "single", job.scale.activation_checkpointing)
-    try:
-        with torch.device("meta"):
-            size = sum(p.nbytes for p in task.build_model().parameters())
-        # Small models: a real pass on the CPU (milliseconds); large ones on the meta device.
-        profile = profile_task(task, job.name, job.train.precision, real_pass=size <= REAL_PASS_BYTES,
-                               count_flops=False)
-    except Exception as exc:  # a loss the meta device cannot run (.item()...): decide on state alone
-        log.debug("meta pass failed: %s", exc)
-        with torch.device("meta"):
-            model = task.build_model()
-        profile = ModelProfile(job.name, [ParamShape.of(p) for p in model.parameters() if p.requires_grad],
-                               sum(b.nbytes for b in model.buffers()))
+    with torch.device("meta"):
+        model = task.build_model()
+    profile = ModelProfile(job.name, [ParamShape.of(p) for p in model.parameters() if p.requires_grad],
+                           sum(b.nbytes for b in model.buffers()))
+    memory = _device_memory(device, world)
+    # Model state alone (exact, from shapes) decides when it is small next to a device; only a
+    # large model is worth a pass for its activations (the task's loss runs twice, on the meta
+    # device; for the rest it is never called before training, so no task state is disturbed).
+    if 16 * profile.params > STATE_SHARE * memory:
+        try:
+            profile = profile_task(task, job.name, job.train.precision, real_pass=False, count_flops=False)
+        except Exception as exc:  # a loss the meta device cannot run (.item()...): state alone
+            log.debug("meta pass failed: %s", exc)
     hardware = Hardware(device=device.type, name=device.type, devices_per_node=world, nodes=1,
-                        memory_bytes=_device_memory(device, world), flops=1.0, intra_bw=1.0, inter_bw=1.0,
+                        memory_bytes=memory, flops=1.0, intra_bw=1.0, inter_bw=1.0,
                         source="this job's workers")
     plan = make_plan(profile, hardware, job.data.batch_size, job.optim.name, job.optim.momentum,
                      job.train.precision, every_device=True)
@@ -56,6 +57,8 @@ def resolve_auto_strategy(job: JobConfig, task: Any, world: int, device: torch.d
     else:
         strategy, checkpointing = chosen.option.strategy, chosen.option.activation_checkpointing
         reason = plan.reason
+        if profile.activations is None:
+            reason += " (model state only: it takes under half a device)"
         if chosen.option.strategy == "fsdp" and not chosen.option.reshard_after_forward:
             job = job.model_copy(update={"scale": job.scale.model_copy(update={
                 "fsdp": job.scale.fsdp.model_copy(update={"reshard_after_forward": False})})})

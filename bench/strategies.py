@@ -1,0 +1,73 @@
+"""Strategies side by side: steps/s of the same job under DDP, FSDP2 and FSDP2 with activation
+checkpointing on the same workers, interleaved (A B C A B C ...), median and spread, plus each
+rank's measured state bytes next to the planner's prediction.
+
+    .venv/bin/python bench/strategies.py                      # tiny_gpt, 2 workers, 3 repeats
+    .venv/bin/python bench/strategies.py --job examples/digits.yaml --steps 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, run_scaletrain, steady_steps_per_s  # noqa: E402
+
+VARIANTS = {
+    "ddp": ["scale.strategy=ddp"],
+    "fsdp": ["scale.strategy=fsdp"],
+    "fsdp +AC": ["scale.strategy=fsdp", "scale.activation_checkpointing=true"],
+}
+
+
+def state_bytes(run_dir: str) -> dict[int, dict[str, int]]:
+    found = {}
+    for log in sorted(Path(run_dir, "logs").glob("worker-*.jsonl")):
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            if entry["message"] == "model state bytes":
+                found[entry["rank"]] = entry["state_bytes"]
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--job", default="examples/tiny_gpt.yaml")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="st-strategies-"))
+    speeds: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    measured: dict[str, dict] = {}
+    for _ in range(args.repeats):
+        for name, extra in VARIANTS.items():
+            summary = run_scaletrain(str(REPO / args.job), [
+                f"train.max_steps={args.steps}", "train.epochs=null", "train.eval_every=null",
+                "train.log_every=20", "tracking.enabled=false", "checkpoint.every_steps=null",
+                "checkpoint.at_end=false",
+                f"scale.workers={args.workers}", f"run_dir={tmp / 'runs'}", *extra,
+            ])
+            speeds[name].append(steady_steps_per_s(summary["run_dir"], skip=args.steps // 3))
+            measured[name] = state_bytes(summary["run_dir"])
+    medians = {n: statistics.median(v) for n, v in speeds.items()}
+    result = {
+        "job": args.job, "steps": args.steps, "workers": args.workers, "repeats": args.repeats,
+        "steps_per_s": {n: {"median": medians[n], "min": min(v), "max": max(v)} for n, v in speeds.items()},
+        "vs_ddp": {n: medians[n] / medians["ddp"] for n in medians},
+        "measured_state_bytes_per_rank": measured,
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
