@@ -39,3 +39,11 @@ def steady_steps_per_s(run_dir: str | Path, skip: int = 20) -> float:
             steps += row["step"] - previous
         previous = row["step"]
     return steps / elapsed
+
+
+def emit(result: dict, out: str | None) -> None:
+    """Print a bench's JSON result, and write it to ``out`` when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, run_scaletrain, steady_steps_per_s  # noqa: E402
+from common import REPO, emit, run_scaletrain, steady_steps_per_s  # noqa: E402
 
 
 def scaletrain_run(engine: str, steps: int, workers: int, run_dir: str) -> dict:
@@ -82,10 +82,7 @@ def main() -> None:
             "first_step_extra_s": med("scaletrain ray", "first_step_s") - med("scaletrain local", "first_step_s"),
         },
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

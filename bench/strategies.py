@@ -9,30 +9,22 @@ rank's measured state bytes next to the planner's prediction.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, run_scaletrain, steady_steps_per_s  # noqa: E402
+from common import REPO, emit, run_scaletrain, steady_steps_per_s  # noqa: E402
+
+sys.path.insert(0, str(REPO))
+from tests.helpers.run import state_bytes_by_rank  # noqa: E402
 
 VARIANTS = {
     "ddp": ["scale.strategy=ddp"],
     "fsdp": ["scale.strategy=fsdp"],
     "fsdp +AC": ["scale.strategy=fsdp", "scale.activation_checkpointing=true"],
 }
-
-
-def state_bytes(run_dir: str) -> dict[int, dict[str, int]]:
-    found = {}
-    for log in sorted(Path(run_dir, "logs").glob("worker-*.jsonl")):
-        for line in log.read_text().splitlines():
-            entry = json.loads(line)
-            if entry["message"] == "model state bytes":
-                found[entry["rank"]] = entry["state_bytes"]
-    return found
 
 
 def main() -> None:
@@ -55,7 +47,7 @@ def main() -> None:
                 f"scale.workers={args.workers}", f"run_dir={tmp / 'runs'}", *extra,
             ])
             speeds[name].append(steady_steps_per_s(summary["run_dir"], skip=args.steps // 3))
-            measured[name] = state_bytes(summary["run_dir"])
+            measured[name] = state_bytes_by_rank(summary["run_dir"])
     medians = {n: statistics.median(v) for n, v in speeds.items()}
     result = {
         "job": args.job, "steps": args.steps, "workers": args.workers, "repeats": args.repeats,
@@ -63,10 +55,7 @@ def main() -> None:
         "vs_ddp": {n: medians[n] / medians["ddp"] for n in medians},
         "measured_state_bytes_per_rank": measured,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, run_scaletrain, steady_steps_per_s  # noqa: E402
+from common import REPO, emit, run_scaletrain, steady_steps_per_s  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from tests.helpers.servers import MlflowServer  # noqa: E402
@@ -52,10 +52,7 @@ def main() -> None:
     result["end_to_end"] = end_to_end(args.job, args.steps, args.repeats)
     step_us = 1e6 / result["end_to_end"]["workers=2"]["steps_per_s"]["off"]["median"]
     result["critical_path"]["extra_vs_2_worker_step"] = result["critical_path"]["extra_us_per_step"] / step_us
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
 
 
 # ---------------------------------------------------------------------- 1. critical path

@@ -10,7 +10,7 @@ import pytest
 
 import scaletrain
 from scaletrain.faults import FAULT_ENV
-from tests.helpers.run import REPO, read_metrics
+from tests.helpers.run import REPO, read_metrics, state_bytes_by_rank
 
 pytestmark = pytest.mark.distributed
 
@@ -77,20 +77,6 @@ def test_a_killed_fsdp_worker_resumes_to_the_same_weights(runs, tmp_path, monkey
     assert [row["step"] for row in read_metrics(summary["run_dir"])] == list(range(1, STEPS + 1))
 
 
-def logged_state_bytes(summary):
-    """What each rank measured it holds after its first step (worker logs)."""
-    import json
-    from pathlib import Path
-
-    found = {}
-    for log in sorted(Path(summary["run_dir"], "logs").glob("worker-*.jsonl")):
-        for line in log.read_text().splitlines():
-            entry = json.loads(line)
-            if entry["message"] == "model state bytes":
-                found[entry["rank"]] = entry["state_bytes"]
-    return found
-
-
 @pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp", "hsdp"])
 def test_the_planner_predicts_each_ranks_state_bytes_exactly(runs, strategy):
     import sys
@@ -102,7 +88,7 @@ def test_the_planner_predicts_each_ranks_state_bytes_exactly(runs, strategy):
     from tiny_gpt import TinyGPTTask
 
     profile = profile_task(TinyGPTTask(layers=2, dim=64, heads=4, context=32, vocab=32), "tiny_gpt")
-    measured = logged_state_bytes(runs[strategy])
+    measured = state_bytes_by_rank(runs[strategy]["run_dir"])
     shard = {"single": 1, "ddp": 1, "fsdp": 2, "hsdp": 1}[strategy]  # hsdp here: 2 replicas of 1
     assert sorted(measured) == list(range(runs[strategy]["world_size"]))
     for rank, sizes in measured.items():

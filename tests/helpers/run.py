@@ -39,3 +39,14 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def state_bytes_by_rank(run_dir: str | Path) -> dict[int, dict[str, int]]:
+    """What each rank measured it holds after its first step (its ``model state bytes`` log line)."""
+    found = {}
+    for log in sorted(Path(run_dir, "logs").glob("worker-*.jsonl")):
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            if entry["message"] == "model state bytes":
+                found[entry["rank"]] = entry["state_bytes"]
+    return found
