@@ -63,7 +63,7 @@ def checkpoint_names(summary):
 def test_sigkill_between_checkpoints_resumes_to_the_same_weights(tmp_path, monkeypatch, reference):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     job = recovery_job(tmp_path)
-    job["tracking"] = {"enabled": True, "uri": uri, "experiment": "restarts"}
+    job["tracking"] = {"enabled": True, "uri": uri, "experiment": "restarts", "log_model": False}
     summary = run_with_fault(monkeypatch, "sigkill:rank=1:step=25", job)
     assert summary["restarts"] == 1 and summary["resumed_from_step"] == 20
     assert summary["weights_sha256"] == reference["weights_sha256"]
@@ -138,7 +138,7 @@ def test_preemption_of_a_worker_then_resume_continues_the_same_mlflow_run(tmp_pa
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # Slow steps: a stop is agreed within a quarter second, so the run must last longer.
     job = recovery_job(tmp_path, task={"args": {"step_sleep": 0.02}}, recovery={"max_restarts": 0})
-    job["tracking"] = {"enabled": True, "uri": uri, "experiment": "recovery"}
+    job["tracking"] = {"enabled": True, "uri": uri, "experiment": "recovery", "log_model": False}
     monkeypatch.setenv(FAULT_ENV, "sigterm:rank=1:step=15")
     with pytest.raises(RunPreempted) as info:
         scaletrain.run(job)

@@ -19,7 +19,9 @@ from mlflow import MlflowClient  # noqa: E402
 
 def tracked_job(tmp_path, uri, **sections):
     job = toy_job(tmp_path, **sections)
-    job["tracking"] = {"enabled": True, "uri": uri, "experiment": "tests", **sections.get("tracking", {})}
+    # The model export (torch.export, ~2 s) only where a test looks at the model.
+    job["tracking"] = {"enabled": True, "uri": uri, "experiment": "tests", "log_model": False,
+                       **sections.get("tracking", {})}
     return job
 
 
@@ -33,7 +35,7 @@ def test_one_run_per_job_with_params_metrics_tags_artifacts_and_model(tmp_path, 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     summary = scaletrain.run(
         tracked_job(tmp_path, uri, train={"max_steps": 12, "log_every": 5, "eval_every": 6},
-                    scale={"workers": workers})
+                    scale={"workers": workers}, tracking={"log_model": workers == 2})
     )
     client, run = the_run(uri, summary)
     experiment = client.get_experiment_by_name("tests")
@@ -54,9 +56,13 @@ def test_one_run_per_job_with_params_metrics_tags_artifacts_and_model(tmp_path, 
     for point in client.get_metric_history(run.info.run_id, "train/loss"):
         assert point.value == pytest.approx(local[point.step])
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"job.yaml", "summary.json", "logs", "weights", "model"} <= artifacts
+    assert {"job.yaml", "summary.json", "logs", "weights"} <= artifacts
     logs = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "logs")}
     assert {f"worker-{r}.jsonl" for r in range(workers)} <= logs
+    if workers == 1:  # tracking.log_model: false
+        assert "model" not in artifacts
+        return
+    assert "model" in artifacts
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # what runs:/ URIs resolve against
     model = mlflow.pytorch.load_model(f"runs:/{run.info.run_id}/model")
     x = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)

@@ -194,6 +194,10 @@ class TrackingConfig(Section):
     system_metrics_every_s: NonNegativeFloat = Field(
         10.0, description="sample CPU, memory, disk, network, GPU every N seconds; 0: off"
     )
+    log_model: bool = Field(
+        True, description="log the final model in MLflow's PyTorch format (torch.export); "
+        "the weights are logged either way"
+    )
 
 
 class KeepBest(Section):

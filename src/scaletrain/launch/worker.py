@@ -116,9 +116,10 @@ def run_worker(
         with process_group(env, placement):
             control = Control(env.is_distributed, stop, watchdog, _save_every_s(job))
             result = _train(spec, job, env, placement, reporter, control)
-            # Free DDP and its communication state while every peer is still connected:
-            # a reducer torn down after the group is gone can block on a departed rank.
-            gc.collect()
+            if env.is_distributed:
+                # Free DDP and its communication state while every peer is still connected:
+                # a reducer torn down after the group is gone can block on a departed rank.
+                gc.collect()
         log.info("worker finished", extra={"steps": result.steps})
         return asdict(result)
     except BaseException as exc:
@@ -222,7 +223,7 @@ def _train(
             os.path.join(spec.run_dir, WEIGHTS_FILE),
             metadata={"run_id": spec.run_id, "step": str(result.steps)},
         )
-        if job.tracking.enabled:
+        if job.tracking.enabled and job.tracking.log_model:
             example = example_input(task, trainer.train_set, trainer.collate or default_collate)
             save_mlflow_model(model, os.path.join(spec.run_dir, MLFLOW_MODEL_DIR), example)
     return result
