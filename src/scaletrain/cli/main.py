@@ -15,6 +15,7 @@ import typer
 
 from scaletrain import __version__
 from scaletrain.errors import ConfigError, RunPreempted, ScaletrainError
+from scaletrain.quick_exit import exit_quickly
 
 app = typer.Typer(
     name="scaletrain",
@@ -572,7 +573,11 @@ def _fmt(value: Any) -> str:
 
 
 def entrypoint() -> None:
-    sys.exit(app())
+    try:
+        code = app()
+    except SystemExit as exc:  # click ends every command this way
+        code = exc.code
+    exit_quickly(code)
 
 
 if __name__ == "__main__":

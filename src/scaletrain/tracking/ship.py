@@ -102,4 +102,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from scaletrain.quick_exit import exit_quickly
+
+    exit_quickly(main())
