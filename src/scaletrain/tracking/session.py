@@ -1,9 +1,10 @@
 """The launcher's MLflow side of one attempt: open the run, ship the journal, close the run.
 
-Opening never holds training up. The first try is made before the workers start; when the
-tracker does not answer, one warning is logged and a background thread keeps trying with
-backoff while the workers train (rank 0 journals regardless). When the run finally exists,
-everything journaled so far is sent. A resumed job reopens its run (its id is kept in
+Opening never holds training up: a background thread imports MLflow and opens the run while
+the workers start (that is ~4 s of CPU on a small machine, and rank 0 journals regardless).
+When the tracker does not answer, one warning is logged and the thread keeps trying with
+backoff while the workers train. When the run finally exists, everything journaled so far
+is sent. A resumed job reopens its run (its id is kept in
 ``tracking/mlflow_run.json``) and counts one more attempt.
 """
 
@@ -52,21 +53,25 @@ class TrackingSession:
         return self.run.run_id if self.run is not None else None
 
     def start(self) -> TrackingSession:
+        self._opener = threading.Thread(target=self._open_or_keep_trying, daemon=True,
+                                        name="scaletrain-open-run")
+        self._opener.start()
+        return self
+
+    def _open_or_keep_trying(self) -> None:
         from scaletrain.tracking.sender import configure_mlflow_client
 
-        configure_mlflow_client()
         try:
+            configure_mlflow_client()
             self._open()
+            return
         except Exception as exc:
             self.log.warning(
-                "cannot reach the tracking server to open the MLflow run (%s); training starts "
-                "anyway, metrics are journaled in %s and sent once it answers",
+                "cannot reach the tracking server to open the MLflow run (%s); training goes "
+                "on, metrics are journaled in %s and sent once it answers",
                 _one_line(exc), self.run_dir / "tracking",
             )
-            self._opener = threading.Thread(target=self._keep_trying, daemon=True,
-                                            name="scaletrain-open-run")
-            self._opener.start()
-        return self
+        self._keep_trying()
 
     def _open(self) -> None:
         from scaletrain.tracking.mlflow_run import TrackingRun
