@@ -14,6 +14,7 @@ from scaletrain.plan.estimate import make_plan, state_bytes_per_rank
 from scaletrain.plan.hardware import named_gpu
 from scaletrain.plan.model_profile import profile_task
 from scaletrain.plan.state_bytes import measure_state_bytes
+from tests.helpers.measure import saved_tensor_bytes
 from tests.helpers.run import REPO, scaletrain_cli
 
 sys.path.insert(0, str(REPO / "examples"))
@@ -24,25 +25,6 @@ TASKS = {
     "digits": lambda: DigitsTask(hidden=128, dropout=0.1),
     "tiny_gpt": lambda: TinyGPTTask(layers=2, dim=64, heads=4, context=32, vocab=32),
 }
-
-
-def saved_tensor_bytes(task, model, batch_size):
-    """Independent measurement: bytes of distinct storages autograd keeps for backward."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    dataset = task.train_dataset()
-    batch = default_collate([dataset[i] for i in range(batch_size)])
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = task.loss(model, batch)
-    (out[0] if isinstance(out, tuple) else out).backward()
-    return sum(storages.values())
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
@@ -137,3 +119,35 @@ def test_auto_picks_ddp_when_a_replica_fits_and_fsdp_when_only_shards_do():
     assert {e.option.world for e in plan.estimates} == {4}
     assert plan.recommended.option.strategy == "fsdp" and not rows["ddp"].memory["total"] <= 0.9 * between
     assert plan.reason.startswith(plan.recommended.option.label + ": a full replica needs")
+
+
+def test_collective_calls_per_step_and_their_cost_on_a_cpu():
+    """tiny_gpt (2 blocks and parameters outside them) on 2 ranks: DDP sends one bucket; FSDP
+    gathers each block in forward and again in backward, reduce-scatters it, gathers and
+    reduces the root once, and all-reduces the gradient norm. On CPU workers, where each call
+    costs milliseconds, that makes FSDP the slower one (measured: bench/results/strategies.json)."""
+    from scaletrain.plan.hardware import CPU_COLLECTIVE_S, Hardware
+
+    profile = profile_task(TASKS["tiny_gpt"](), "tiny_gpt")
+    assert len(profile.block_shapes) == 2 and profile.root_bytes > 0
+    cpu = Hardware("cpu", "2 workers", 2, 1, 8 * 1024**3, 1e10, 2e9, 1e9, collective_s=CPU_COLLECTIVE_S)
+    rows = {e.option.label: e for e in make_plan(profile, cpu, batch=32).estimates}
+    assert (rows["single"].collectives, rows["ddp"].collectives) == (0, 1)
+    assert rows["fsdp"].collectives == 2 * 3 + 2 + 1
+    assert rows["fsdp (no reshard)"].collectives == 2 * 2 + 2 + 1
+    assert rows["fsdp"].comm_s > 9 * CPU_COLLECTIVE_S
+    assert rows["fsdp"].step_s > rows["ddp"].step_s > rows["single"].step_s / 2
+    assert rows["fsdp"].samples_per_s < rows["ddp"].samples_per_s
+
+
+def test_cpu_offload_must_fit_in_host_memory():
+    """20e9 parameters on 2 H100s: AdamW state (320 GB) fits nowhere on the devices; offloaded it
+    fits a node with 512 GiB of host memory, not one with 200 GiB."""
+    roomy = plan_what_if(params=20e9, hardware={"gpu": "H100", "devices_per_node": 2})
+    assert roomy.recommended is not None and roomy.recommended.option.cpu_offload
+    small_host = plan_what_if(params=20e9, hardware={"gpu": "H100", "devices_per_node": 2, "host_memory_bytes": 200 * 1024**3})
+    assert small_host.recommended is None
+    assert small_host.reason.startswith("nothing fits: fsdp +offload fits on the devices but keeps 298.02 GiB per node on the host")
+    out = scaletrain_cli("plan", "--params", "20e9", "--gpu", "H100", "--devices-per-node", "2", "--host-memory-gb", "200", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["recommended"] is None

@@ -75,7 +75,9 @@ class CheckpointManager:
         self.storage: CheckpointStorage = open_storage(location)
         self.rank, self.world_size, self.strategy = rank, world_size, strategy
         self.scratch_dir = Path(scratch_dir)
-        self.identity = identity  # run_id, mlflow_run_id, config_hash, global_batch, versions
+        # run_id, mlflow_run_id (a value, or a callable giving it when a checkpoint is written),
+        # config_hash, global_batch, versions
+        self.identity = identity
         self.policy = policy
         self.async_save = async_save
         self.fault_hook = fault_hook
@@ -101,7 +103,8 @@ class CheckpointManager:
                 log.info("removed an unfinished checkpoint save: %s", removed)
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
-            state = {**trainer_state, **self.identity, "step": step, "world_size": self.world_size}
+            identity = {key: _value(value) for key, value in self.identity.items()}
+            state = {**trainer_state, **identity, "step": step, "world_size": self.world_size}
             (staging / TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
         self._barrier()
         from scaletrain.checkpoint import dcp_io
@@ -192,7 +195,7 @@ class CheckpointManager:
             files=files,
             metrics={k: float(v) for k, v in metrics.items()},
             run_id=self.identity.get("run_id", ""),
-            mlflow_run_id=self.identity.get("mlflow_run_id"),
+            mlflow_run_id=_value(self.identity.get("mlflow_run_id")),
             config_hash=self.identity.get("config_hash", ""),
             created_at=time.time(),
             versions=self.identity.get("versions", {}),
@@ -297,3 +300,7 @@ class CheckpointManager:
     def _barrier(self) -> None:
         if self.distributed:
             dist.barrier(group=self.group)
+
+
+def _value(item: Any) -> Any:
+    return item() if callable(item) else item

@@ -227,6 +227,8 @@ def plan(
     tflops: Annotated[Optional[float], typer.Option("--tflops", help="sustained TFLOP/s per device")] = None,
     intra_gbps: Annotated[Optional[float], typer.Option("--intra-gbps", help="GB/s per rank within a node")] = None,
     inter_gbps: Annotated[Optional[float], typer.Option("--inter-gbps", help="GB/s per rank across nodes")] = None,
+    collective_us: Annotated[Optional[float], typer.Option("--collective-us", help="fixed cost of one collective call, microseconds")] = None,
+    host_memory_gb: Annotated[Optional[float], typer.Option("--host-memory-gb", help="host memory per node, GiB (checked for CPU offload)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table")] = False,
 ) -> None:
     """Memory, communication and step time of every strategy; which one to use, and why."""
@@ -236,6 +238,8 @@ def plan(
         "gpu": gpu, "devices_per_node": devices_per_node, "nodes": nodes,
         "memory_bytes": memory_gb * 1024**3 if memory_gb else None, "flops": tflops * 1e12 if tflops else None,
         "intra_bw": intra_gbps * 1e9 if intra_gbps else None, "inter_bw": inter_gbps * 1e9 if inter_gbps else None,
+        "collective_s": collective_us * 1e-6 if collective_us is not None else None,
+        "host_memory_bytes": host_memory_gb * 1024**3 if host_memory_gb else None,
     }
     shape = {"layers": layers, "hidden": hidden, "heads": heads}
     try:
@@ -288,7 +292,7 @@ def _print_plan(result: Any) -> None:
     )
     table = Table(title="memory per device, communication and time per step")
     for column in ("strategy", "ranks", "params", "grads", "optim", "activ.", "buffers", "total", "fits",
-                   "comm/step", "step", "samples/s"):
+                   "comm/step", "calls", "step", "samples/s"):
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for e in result.estimates:
         m = e.memory
@@ -296,7 +300,7 @@ def _print_plan(result: Any) -> None:
         table.add_row(
             ("* " if chosen else "") + e.option.label, str(e.option.world), size(m["params"]), size(m["grads"]),
             size(m["optimizer"]), size(m["activations"]), size(m["buffers"]), size(m["total"]),
-            "yes" if e.fits else "[red]no[/]", size(sum(e.comm_bytes.values())),
+            "yes" if e.fits else "[red]no[/]", size(sum(e.comm_bytes.values())), str(e.collectives),
             f"{e.step_s * 1e3:.1f} ms" if e.step_s else "-",
             f"{e.samples_per_s:,.0f}" if e.samples_per_s else "-",
         )

@@ -28,7 +28,7 @@ class RunSpec:
     python_path: list[str] = field(default_factory=list)  # where task.target is imported from
     threads: int = 1  # intra-op threads per worker
     tracking_uri: str | None = None  # MLflow: the store or server of the job's run
-    tracking_run_id: str | None = None  # the job's MLflow run, when open before the workers start
+    tracking_run_id: str | None = None  # the job's MLflow run, once open (tracking/mlflow_run.json has it too)
     attempt: int = 0  # launches of this run: 1 for `run`, +1 for each `scaletrain resume`
 
     @property

@@ -49,6 +49,7 @@ from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR, example_input, sa
 from scaletrain.tracking.mlflow_sink import MlflowReporter
 from scaletrain.tracking.redact import Redactor
 from scaletrain.tracking.run_card import build_run_card, data_fingerprint, write_run_card
+from scaletrain.tracking.session import recorded_run
 from scaletrain.tracking.progress import ProgressBar, progress_wanted
 from scaletrain.tracking.reporter import LogReporter, MetricsFile, NullReporter, Reporters
 
@@ -169,7 +170,8 @@ def _checkpoints(spec: RunSpec, job: JobConfig, env: DistEnv, faults: FaultPlan)
         identity={
             "run_id": spec.run_id,
             "run_dir": spec.run_dir,
-            "mlflow_run_id": spec.tracking_run_id,
+            # Opened by the launcher while the workers start: read when a checkpoint is written.
+            "mlflow_run_id": lambda: (recorded_run(spec.run_dir) or {}).get("run_id"),
             "config_hash": config_hash(job),
             "versions": {"scaletrain": __version__, "torch": torch.__version__},
         },

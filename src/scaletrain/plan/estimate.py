@@ -42,6 +42,7 @@ class Estimate:
     host_memory: float
     fits: bool
     comm_bytes: dict[str, float]  # per rank per step: intra_node, inter_node
+    collectives: int  # calls per step
     compute_s: float | None
     comm_s: float
     step_s: float | None
@@ -118,6 +119,8 @@ def _estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: 
               "buffers": float(profile.buffer_bytes)}
     memory["total"] = sum(memory.values())
     fits = memory["total"] <= USABLE_MEMORY * hardware.memory_bytes
+    if option.cpu_offload and hardware.host_memory_bytes is not None:  # every rank of a node offloads
+        fits = fits and host * min(option.world, hardware.devices_per_node) <= USABLE_MEMORY * hardware.host_memory_bytes
 
     n, grad_bytes = option.world, float(profile.param_bytes)  # gradients reduced in fp32
     compute_bytes = profile.param_bytes * gathered_scale
@@ -135,7 +138,8 @@ def _estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: 
             inter = sharded
         else:
             intra, inter = sharded, across
-    comm_s = intra / hardware.intra_bw + inter / hardware.inter_bw
+    collectives = _collectives(option, profile)
+    comm_s = intra / hardware.intra_bw + inter / hardware.inter_bw + collectives * hardware.collective_s
     compute_s = None
     step_s = None
     samples = None
@@ -147,13 +151,39 @@ def _estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: 
             compute_s = profile.flops_per_sample * batch / hardware.flops
         if option.activation_checkpointing:
             compute_s *= 4 / 3  # the forward runs again in backward: forward is 1/3 of fwd+bwd
-        step_s = max(compute_s, comm_s)  # communication overlaps compute (DDP buckets, FSDP prefetch)
+        if hardware.device == "cuda":  # communication overlaps compute (DDP buckets, FSDP prefetch)
+            step_s = max(compute_s, comm_s)
+        else:  # gloo's threads take the cores the compute runs on
+            step_s = compute_s + comm_s
         if option.cpu_offload:
             moved = 2 * state["params"] * gathered_scale + state["grads"]
             step_s += moved / hardware.offload_bw + (state["params"] + state["optimizer"]) / hardware.host_memory_bw
         samples = option.world * batch / step_s
     return Estimate(option, memory, host, fits, {"intra_node": intra, "inter_node": inter},
-                    compute_s, comm_s, step_s, samples)
+                    collectives, compute_s, comm_s, step_s, samples)
+
+
+DDP_BUCKET_BYTES = 25 * 1024**2  # DistributedDataParallel's bucket_cap_mb default
+DDP_FIRST_BUCKET_BYTES = 1024**2  # its first bucket, sent early
+
+
+def _collectives(option: Option, profile: ModelProfile) -> int:
+    """Collective calls per step: DDP one all-reduce per gradient bucket; FSDP per block an
+    all-gather in forward, another in backward when resharded, and a reduce-scatter, the same
+    for the parameters outside the blocks (gathered once, kept), and the gradient norm's
+    all-reduce; HSDP adds an all-reduce per group across replicas."""
+    if option.world == 1:
+        return 0
+    grads = profile.param_bytes
+    if option.strategy == "ddp":
+        rest = max(0, grads - DDP_FIRST_BUCKET_BYTES)
+        return 1 + -(-rest // DDP_BUCKET_BYTES)
+    groups = len(profile.block_shapes) + (1 if profile.root_bytes else 0)
+    gathers = 2 if option.reshard_after_forward else 1
+    calls = len(profile.block_shapes) * (gathers + 1) + (2 if profile.root_bytes else 0) + 1
+    if option.strategy == "hsdp" and option.world // option.shard > 1:
+        calls += groups
+    return calls
 
 
 def make_plan(profile: ModelProfile, hardware: Hardware, batch: int, optimizer: str = "adamw",
@@ -187,6 +217,11 @@ def _recommend(estimates: list[Estimate], hardware: Hardware, profile: ModelProf
     fitting = [e for e in estimates if e.fits]
     if not fitting:
         smallest = min(estimates, key=lambda e: e.memory["total"])
+        if smallest.option.cpu_offload and smallest.memory["total"] <= usable:
+            per_node = smallest.host_memory * min(smallest.option.world, hardware.devices_per_node)
+            return None, (f"nothing fits: {smallest.option.label} fits on the devices but keeps "
+                          f"{_gb(per_node)} per node on the host, and {_gb(USABLE_MEMORY * hardware.host_memory_bytes)} "
+                          "of host memory is usable; add nodes or devices, or train in bf16")
         return None, (f"nothing fits: the smallest, {smallest.option.label}, needs {_gb(smallest.memory['total'])} "
                       f"per device and {_gb(usable)} is usable; add devices, lower data.batch_size, "
                       "train in bf16 or offload to the host")

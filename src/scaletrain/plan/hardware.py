@@ -1,8 +1,9 @@
 """The machine a plan is for: detected, or described by flags for a what-if.
 
 Bandwidths are what one rank can move, in bytes per second; FLOP/s is what one device
-sustains on this model's matmuls (peak x utilization for GPUs, measured for the CPU).
-Defaults are stated in docs/planning.md with their sources.
+sustains on this model's matmuls (peak x utilization for GPUs, measured for the CPU); a
+collective's fixed cost is what one call takes beyond its bytes (latency, launch, the
+framework's bookkeeping). Defaults are stated in docs/planning.md with their sources.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12
 GPU_MEMORY_GB = {"H200": 141, "H100": 80, "A100": 80, "L40S": 48, "L4": 24, "A10": 24, "V100": 32, "T4": 16}
 NVLINK = ("H200", "H100", "A100", "V100")
 GPU_UTILIZATION = 0.4  # model FLOPs utilization a well-tuned job reaches (torchtitan, MosaicML reports)
+GPU_COLLECTIVE_S = 30e-6  # one NCCL collective on small messages (nccl-tests: tens of microseconds)
+# One gloo collective between CPU workers, FSDP2's per-call bookkeeping included: fitted to
+# bench/results/strategies.json (tiny_gpt, 2 workers: FSDP's 8 calls per step against DDP's 1).
+CPU_COLLECTIVE_S = 3.5e-3
+HOST_MEMORY_PER_GPU = 256 * 1024**3  # a DGX H100: 2 TiB for 8 GPUs
 
 
 @dataclass
@@ -36,6 +42,8 @@ class Hardware:
     inter_bw: float  # bytes/s per rank across nodes
     offload_bw: float = 25 * GB  # host <-> device (PCIe 4.0 x16)
     host_memory_bw: float = 20 * GB  # a CPU optimizer step streams its state at this rate
+    collective_s: float = GPU_COLLECTIVE_S  # fixed cost of one collective call
+    host_memory_bytes: float | None = None  # per node; None: not checked
     source: str = "detected"
 
     @property
@@ -54,15 +62,19 @@ def detect_hardware() -> Hardware:
         return Hardware(
             device="cuda", name=props.name, devices_per_node=torch.cuda.device_count(), nodes=1,
             memory_bytes=float(props.total_memory), flops=peak * GPU_UTILIZATION,
-            intra_bw=(150 if nvlink else 12) * GB, inter_bw=12.5 * GB,
+            intra_bw=(150 if nvlink else 12) * GB, inter_bw=12.5 * GB, host_memory_bytes=_host_memory(),
         )
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    memory = _host_memory()
     return Hardware(
         device="cpu", name=f"CPU, {cores} cores", devices_per_node=cores, nodes=1,
-        memory_bytes=float(memory) / cores, flops=_cpu_flops(), intra_bw=2 * GB, inter_bw=1.25 * GB,
-        offload_bw=float("inf"),
+        memory_bytes=memory / cores, flops=_cpu_flops(), intra_bw=2 * GB, inter_bw=1.25 * GB,
+        offload_bw=float("inf"), collective_s=CPU_COLLECTIVE_S, host_memory_bytes=memory,
     )
+
+
+def _host_memory() -> float:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def _cpu_flops() -> float:
@@ -89,5 +101,6 @@ def named_gpu(name: str, devices_per_node: int = 8, nodes: int = 1) -> Hardware:
     return Hardware(
         device="cuda", name=key, devices_per_node=devices_per_node, nodes=nodes,
         memory_bytes=GPU_MEMORY_GB[key] * 1024**3, flops=GPU_PEAK_FLOPS[key] * GPU_UTILIZATION,
-        intra_bw=(150 if key in NVLINK else 12) * GB, inter_bw=12.5 * GB, source=f"what-if: {key}",
+        intra_bw=(150 if key in NVLINK else 12) * GB, inter_bw=12.5 * GB,
+        host_memory_bytes=float(HOST_MEMORY_PER_GPU * devices_per_node), source=f"what-if: {key}",
     )
