@@ -50,10 +50,13 @@ def main() -> None:
     for model, job_path in JOBS.items():
         job = load_job(REPO / job_path, [])
         task = build_task(job.task.target, job.task.args, [str(REPO / "examples")])
-        profile = profile_task(task, model, job.train.precision)
+        profile = profile_task(task, model, job.train.precision, batch=job.data.batch_size, optimizer=job.optim.name)
         torch.manual_seed(0)
         measured_activations = saved_tensor_bytes(task, task.build_model(), job.data.batch_size)
         predicted_activations = profile.activations.bytes(job.data.batch_size)
+        # What a model too large for a real CPU pass gets: the meta-device pass.
+        meta = profile_task(task, model, job.train.precision, real_pass=False, count_flops=False)
+        meta_activations = meta.activations.bytes(job.data.batch_size)
         for name, (overrides, workers, shard) in STRATEGIES.items():
             summary = run_scaletrain(str(REPO / job_path), [
                 *overrides, f"scale.workers={workers}", "train.max_steps=2", "train.epochs=null",
@@ -69,16 +72,19 @@ def main() -> None:
                     "buffers_predicted": profile.buffer_bytes, "buffers_measured": sizes["buffers"],
                     "activations_predicted": predicted_activations,
                     "activations_measured": measured_activations,
+                    "activations_predicted_meta": meta_activations, "batch": job.data.batch_size,
                 })
-    table = ["| model | strategy | rank | params | grads | optimizer | buffers | activations (batch) |",
+    table = ["| model | strategy | rank | params | grads | optimizer | buffers "
+             "| activations: real pass, meta pass vs saved tensors (batch) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = []
         for k in (*STATE, "buffers"):
             p, m = r[f"{k}_predicted"], r[f"{k}_measured"]
             cells.append(f"{p:,} = {m:,}" if p == m else f"{p:,} vs {m:,}")
-        p, m = r["activations_predicted"], r["activations_measured"]
-        cells.append(f"{p / 1024:,.0f} vs {m / 1024:,.0f} KiB ({(p - m) / m:+.1%})")
+        p, q, m = r["activations_predicted"], r["activations_predicted_meta"], r["activations_measured"]
+        cells.append(f"{p / 1024:,.0f} ({(p - m) / m:+.1%}), {q / 1024:,.0f} ({(q - m) / m:+.1%}) "
+                     f"vs {m / 1024:,.0f} KiB ({r['batch']})")
         table.append(f"| {r['model']} | {r['strategy']} | {r['rank']} | " + " | ".join(cells) + " |")
     print("\n".join(table), file=sys.stderr)
     emit({"rows": rows, "exact_state": all(r[f"{k}_predicted"] == r[f"{k}_measured"]

@@ -287,7 +287,10 @@ class Trainer:
         self.scheduler.step()
         if not self._state_logged:  # once: what this rank holds (the planner's check)
             self._state_logged = True
-            log.info("model state bytes", extra={"state_bytes": measure_state_bytes(self.model, self.optimizer)})
+            extra: dict[str, Any] = {"state_bytes": measure_state_bytes(self.model, self.optimizer)}
+            if self.device.type == "cuda":  # the first step's peak: what the planner's total predicts
+                extra["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            log.info("model state bytes", extra=extra)
         self.optimizer.zero_grad(set_to_none=True)
         return _StepOutput(
             loss=_mean_loss(losses) if report else None,

@@ -18,7 +18,8 @@ __all__ = ["plan_job", "plan_what_if", "Plan", "Hardware"]
 
 def plan_job(config: Any, task: Any, hardware: dict[str, Any] | None = None) -> Plan:
     """Profile a resolved job's model (meta device, one measured pass) and plan for the machine."""
-    profile = profile_task(task, config.name, config.train.precision)
+    profile = profile_task(task, config.name, config.train.precision, batch=config.data.batch_size,
+                           optimizer=config.optim.name)
     return make_plan(profile, _hardware(hardware), config.data.batch_size * config.train.grad_accum,
                      config.optim.name, config.optim.momentum, config.train.precision)
 

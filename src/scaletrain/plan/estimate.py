@@ -10,7 +10,7 @@ from scaletrain.plan.hardware import Hardware
 from scaletrain.plan.model_profile import ModelProfile
 from scaletrain.plan.state_bytes import local_bytes, optimizer_bytes
 
-__all__ = ["Option", "Estimate", "Plan", "make_plan", "state_bytes_per_rank", "USABLE_MEMORY"]
+__all__ = ["Option", "Estimate", "Plan", "make_plan", "estimate", "state_bytes_per_rank", "USABLE_MEMORY"]
 
 USABLE_MEMORY = 0.9  # of a device's memory: the rest goes to the allocator's fragmentation, kernels, comm buffers
 SIMPLICITY = ["single", "ddp", "fsdp (no reshard)", "fsdp", "hsdp"]
@@ -96,7 +96,7 @@ def _options(hardware: Hardware) -> list[Option]:
     return options
 
 
-def _estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: int, optimizer: str,
+def estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: int, optimizer: str,
               momentum: float, precision: str) -> Estimate:
     state = state_bytes_per_rank(profile, option.shard, 0, optimizer, momentum)  # rank 0 holds the most
     gathered_scale = 0.5 if precision in ("bf16", "fp16") else 1.0  # FSDP gathers in the compute dtype
@@ -151,6 +151,8 @@ def _estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: 
             compute_s = profile.flops_per_sample * batch / hardware.flops
         if option.activation_checkpointing:
             compute_s *= 4 / 3  # the forward runs again in backward: forward is 1/3 of fwd+bwd
+        if measured_here and profile.cpu_optimizer_seconds:  # each rank steps on its shard
+            compute_s += profile.cpu_optimizer_seconds / option.shard
         if hardware.device == "cuda":  # communication overlaps compute (DDP buckets, FSDP prefetch)
             step_s = max(compute_s, comm_s)
         else:  # gloo's threads take the cores the compute runs on
@@ -190,7 +192,7 @@ def make_plan(profile: ModelProfile, hardware: Hardware, batch: int, optimizer: 
               momentum: float = 0.0, precision: str = "fp32", every_device: bool = False) -> Plan:
     """``every_device``: only ways that use all of the hardware's devices (the workers are given)."""
     options = [o for o in _options(hardware) if not every_device or o.world == hardware.world]
-    estimates = [_estimate(o, profile, hardware, batch, optimizer, momentum, precision) for o in options]
+    estimates = [estimate(o, profile, hardware, batch, optimizer, momentum, precision) for o in options]
     recommended, reason = _recommend(estimates, hardware, profile)
     notes = []
     if profile.activations is None:

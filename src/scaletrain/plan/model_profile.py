@@ -53,6 +53,7 @@ class ModelProfile:
     flops_per_sample: float | None = None  # forward + backward
     sample: str = "sample"
     cpu_seconds: tuple[float, float] | None = None  # measured forward+backward on this CPU: (fixed, per sample)
+    cpu_optimizer_seconds: float | None = None  # measured optimizer step on every parameter, on this CPU
 
     @property
     def params(self) -> int:
@@ -73,9 +74,10 @@ class ModelProfile:
 
 
 def profile_task(task: Any, name: str, precision: str = "fp32", real_pass: bool | None = None,
-                 count_flops: bool = True) -> ModelProfile:
+                 count_flops: bool = True, batch: int = 8, optimizer: str = "adamw") -> ModelProfile:
     """``real_pass``: measure activations with real tensors (default: when the model is
-    small enough to build on the CPU), else on the meta device."""
+    small enough to build on the CPU), else on the meta device. A real pass is also timed:
+    forward and backward at 1 and ``batch`` samples, and a step of ``optimizer``."""
     with torch.device("meta"):
         meta_model = task.build_model()
     shapes = [ParamShape.of(p) for p in meta_model.parameters() if p.requires_grad]
@@ -102,9 +104,11 @@ def profile_task(task: Any, name: str, precision: str = "fp32", real_pass: bool 
         passes[batch] = _saved_bytes(model, blocks, task.loss, _to(samples, device), precision, device, count_flops)
     one, two = passes[1], passes[2]
     if real:  # timed too: small models spend their step in per-op overhead FLOPs do not show
-        times = {b: _fwd_bwd_seconds(model, task.loss, collate([dataset[i] for i in range(b)])) for b in (1, 8)}
-        per = max(0.0, (times[8] - times[1]) / 7)
+        timed = max(2, min(batch, len(dataset)))
+        times = {b: _fwd_bwd_seconds(model, task.loss, collate([dataset[i] for i in range(b)])) for b in (1, timed)}
+        per = max(0.0, (times[timed] - times[1]) / (timed - 1))
         profile.cpu_seconds = (max(0.0, times[1] - per), per)
+        profile.cpu_optimizer_seconds = _optimizer_step_seconds(model, optimizer)
     per_sample = two["total"] - one["total"]
     ac_per_sample = two["checkpointed"] - one["checkpointed"]
     profile.activations = ActivationProfile(
@@ -118,23 +122,58 @@ def profile_task(task: Any, name: str, precision: str = "fp32", real_pass: bool 
     return profile
 
 
-def _fwd_bwd_seconds(model: nn.Module, loss_fn: Any, batch: Any, repeats: int = 5) -> float:
-    """Best of ``repeats``, on one thread: what a CPU worker gets when workers fill the cores."""
+def _fwd_bwd_seconds(model: nn.Module, loss_fn: Any, batch: Any) -> float:
+    """On one thread, what a CPU worker gets when workers fill the cores."""
+
+    def once() -> None:
+        out = loss_fn(model, batch)
+        (out[0] if isinstance(out, tuple) else out).backward()
+
+    seconds = _typical_time(once)
+    model.zero_grad(set_to_none=True)
+    return seconds
+
+
+def _typical_time(call: Any, budget_s: float = 1.0, least: int = 3, most: int = 20) -> float:
+    """Median wall time of ``call`` on one thread after a warm-up call (a training step's
+    typical time, not its best): ``least`` to ``most`` repeats, stopping once ``budget_s``
+    is spent."""
+    import statistics
     import time
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        best = float("inf")
-        for _ in range(repeats):
+        call()
+        times: list[float] = []
+        while len(times) < least or (len(times) < most and sum(times) < budget_s):
             started = time.perf_counter()
-            out = loss_fn(model, batch)
-            (out[0] if isinstance(out, tuple) else out).backward()
-            best = min(best, time.perf_counter() - started)
+            call()
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
     finally:
         torch.set_num_threads(threads)
-    model.zero_grad(set_to_none=True)
-    return best
+
+
+def _optimizer_step_seconds(model: nn.Module, name: str) -> float | None:
+    """An optimizer step and zeroing the gradients, on one thread."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return None
+    if name == "adamw":
+        optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=1e-12)
+    elif name == "sgd":
+        optimizer = torch.optim.SGD(params, lr=1e-12, momentum=0.9)
+    else:
+        return None
+
+    def once() -> None:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return _typical_time(once)
 
 
 def _to(batch: Any, device: str) -> Any:
