@@ -7,13 +7,18 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test venv clean
+.PHONY: run test bench venv clean
 
 run: $(STAMP)
 	$(BIN)/scaletrain run examples/digits.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+# scaletrain against the raw tools (minutes; `make bench ARGS=--full` for the long run):
+# bench/results/latest.json, docs/benchmarks.md, docs/benchmarks.png
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py $(ARGS)
 
 venv: $(STAMP)
 

@@ -1,0 +1,234 @@
+"""`make bench`: every benchmark, scaletrain against the raw tool, in one run on this machine;
+writes bench/results/latest.json, docs/benchmarks.md (the table) and docs/benchmarks.png.
+
+    .venv/bin/python bench/run_all.py            # quick: minutes on 2 cores
+    .venv/bin/python bench/run_all.py --full     # more steps and repeats
+    .venv/bin/python bench/run_all.py --only throughput_digits,checkpoints
+
+Each bench runs as its own process (bench/<name>.py --out ...) one after the other, never two at
+once: they measure the same cores. Its JSON lands in bench/results/latest/<name>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+# name: (script, quick args, full args)
+BENCHES = {
+    "throughput_digits": ("throughput.py", ["--job", "examples/digits.yaml", "--repeats", "3", "--steps", "400"],
+                          ["--job", "examples/digits.yaml", "--repeats", "5", "--steps", "1500"]),
+    "throughput_tiny_gpt": ("throughput.py", ["--job", "examples/tiny_gpt.yaml", "--repeats", "3", "--steps", "200"],
+                            ["--job", "examples/tiny_gpt.yaml", "--repeats", "5", "--steps", "600"]),
+    "tracking": ("tracking_overhead.py", ["--repeats", "2", "--steps", "1000", "--blocks", "10"],
+                 ["--repeats", "4", "--steps", "3000", "--blocks", "30"]),
+    "checkpoints": ("checkpoint_io.py", ["--repeats", "3", "--states", "digits_mlp,tiny_gpt,mlp_50m"],
+                    ["--repeats", "5"]),
+    "recovery": ("recovery_time.py", ["--repeats", "1", "--variants", "scaletrain,torchrun"],
+                 ["--repeats", "3"]),
+    "ray": ("ray_engine.py", ["--repeats", "1", "--steps", "300"], ["--repeats", "3", "--steps", "600"]),
+}
+TARGETS = {"throughput": 0.97, "tracking": 0.01, "checkpoint_sync": 1.2, "async_stall": 0.10}
+
+
+def machine() -> dict:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    return {"cpu": cpu, "cores": cores, "memory_gib": round(memory, 1), "torch": torch.__version__,
+            "python": platform.python_version(), "os": f"{platform.system()} {platform.release()}",
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def run_bench(name: str, full: bool) -> dict:
+    script, quick_args, full_args = BENCHES[name]
+    out = RESULTS / "latest" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / script), *(full_args if full else quick_args),
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True)
+    elapsed = time.time() - started
+    if proc.returncode != 0:
+        print(f"[bench] {name} failed ({proc.returncode}) after {elapsed:.0f} s:\n{proc.stderr[-2000:]}",
+              file=sys.stderr)
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}",
+                "seconds": elapsed}
+    print(f"[bench] {name} done in {elapsed:.0f} s", file=sys.stderr, flush=True)
+    return {**json.loads(out.read_text()), "seconds": elapsed}
+
+
+def rows(results: dict) -> list[dict]:
+    """One row per comparison: what, scaletrain, the raw tool, ratio, target, met."""
+    table = []
+
+    def add(what, ours, raw, ratio, target=None, met=None, unit=""):
+        table.append({"what": what, "scaletrain": ours, "raw": raw, "ratio": ratio, "target": target,
+                      "met": met, "unit": unit})
+
+    for model in ("digits", "tiny_gpt"):
+        r = results.get(f"throughput_{model}", {})
+        if "results" in r:
+            st, raw = r["results"]["scaletrain"], r["results"]["torchrun"]
+            ratio = r["steps_per_s_ratio"]
+            add(f"throughput, {model}, {r['workers']} workers (steps/s)", _spread(st["steps_per_s"]),
+                _spread(raw["steps_per_s"]) + " (torchrun, raw DDP loop)", ratio,
+                f">= {TARGETS['throughput']}", ratio >= TARGETS["throughput"])
+            add(f"time to first step, {model}, local engine (s)", _spread(st["first_step_s"], 1),
+                _spread(raw["first_step_s"], 1) + " (torchrun)", r["first_step_ratio"])
+            one = r["results"]["scaletrain-1"]["steps_per_s"]
+            add(f"scaling, {model}: 1 -> {r['workers']} workers (samples/s efficiency)",
+                f"{_spread(one)} steps/s on 1", "linear", r["scaling_efficiency"])
+    r = results.get("ray", {})
+    if "results" in r:
+        st, raw = r["results"]["scaletrain ray"], r["results"]["plain Ray Train"]
+        add("time to first step, Ray engine (s)", _spread(st["first_step_s"], 1),
+            _spread(raw["first_step_s"], 1) + " (plain Ray Train TorchTrainer)",
+            r["ray_engine_vs_plain_ray_train"]["first_step_ratio"])
+        add("throughput, Ray engine (steps/s)", _spread(st["steps_per_s"]), _spread(raw["steps_per_s"]) +
+            " (plain Ray Train)", r["ray_engine_vs_plain_ray_train"]["steps_per_s_ratio"])
+    r = results.get("tracking", {})
+    if "end_to_end" in r:
+        crit = r["critical_path"]
+        add("tracking, every step: extra work per step in the training process", f"{crit['extra_us_per_step']:.0f} us",
+            f"{crit['us_per_step']['off']:.0f} us/step untracked (1 process)", crit["extra_vs_1_process_step"],
+            f"< {TARGETS['tracking']:.0%}", crit["extra_vs_1_process_step"] < TARGETS["tracking"])
+        two = r["end_to_end"].get("workers=2", {})
+        for store in ("embedded", "server"):
+            if store in two.get("cost_vs_off", {}):
+                cost = two["cost_vs_off"][store]
+                add(f"tracking, every step, 2 workers, {store} store: steps/s lost",
+                    _spread(two["steps_per_s"][store]), _spread(two["steps_per_s"]["off"]) + " (tracking off)",
+                    cost, f"< {TARGETS['tracking']:.0%}", cost < TARGETS["tracking"],
+                    unit=f"machine noise {two['noise_off_spread']:.0%}")
+    r = results.get("checkpoints", {})
+    for state, c in r.get("results", {}).items():
+        size = f"{state} ({c['bytes'] / 2**20:.1f} MiB)"
+        sync, save = c["st_sync_save_s"]["median"], c["torch_save_fsync_s"]["median"]
+        add(f"checkpoint save (sync), {size} (s)", f"{sync:.4f}", f"{save:.4f} torch.save+fsync; disk "
+            f"{c['raw_write_fsync_s']['median']:.4f}", sync / save, f"<= {TARGETS['checkpoint_sync']}x",
+            sync / save <= TARGETS["checkpoint_sync"])
+        stall = c["st_async_steady_stall_s"]["median"]
+        add(f"checkpoint async stall, {size} (s)", f"{stall:.4f}", f"{sync:.4f} sync save", stall / sync,
+            f"< {TARGETS['async_stall']:.0%} of sync", stall / sync < TARGETS["async_stall"])
+        load, raw_load = c["st_load_s"]["median"], c["torch_load_into_s"]["median"]
+        add(f"checkpoint load (hash-verified), {size} (s)", f"{load:.4f}", f"{raw_load:.4f} torch.load + load_state_dict",
+            load / raw_load)
+    r = results.get("recovery", {})
+    if "runs" in r:
+        ours = [x for x in r["runs"]["scaletrain"] if x.get("completed")]
+        raw = [x for x in r["runs"]["torchrun"] if x.get("completed")]
+        if ours and raw:
+            import statistics
+
+            a = statistics.median(x["recovery_s"] for x in ours)
+            b = statistics.median(x["recovery_s"] for x in raw)
+            lost_a = statistics.median(x.get("lost_steps", 0) for x in ours)
+            lost_b = statistics.median(x.get("lost_steps", 0) for x in raw)
+            add("recovery: SIGKILL to first step after restart (s)", f"{a:.1f} ({lost_a:.0f} steps redone)",
+                f"{b:.1f} ({lost_b:.0f} steps redone; torchrun --max-restarts)", a / b)
+    return table
+
+
+def _spread(s: dict, digits: int = 0) -> str:
+    fmt = f"{{:.{digits}f}}"
+    return f"{fmt.format(s['median'])} [{fmt.format(s['min'])}-{fmt.format(s['max'])}]"
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = [
+        "# Benchmarks: scaletrain against the raw tools",
+        "",
+        f"Generated by `make bench` ({report['mode']} mode) on {report['date']}. Machine: {m['cpu']}, "
+        f"{m['cores']} cores, {m['memory_gib']} GiB, {m['os']}, Python {m['python']}, torch {m['torch']}"
+        + (f", {m['gpu']}" if m["gpu"] else ", no GPU") + ".",
+        "",
+        "Each comparison runs scaletrain and the raw tool interleaved (A B A B ...) in the same run, so",
+        "machine noise hits both; values are medians with [min-max] over the repeats. Ratios are",
+        "scaletrain / raw (for throughput higher is better, for times lower is better; for tracking the",
+        "fraction lost). The raw baselines are in `bench/baselines/`; each bench's method is in its",
+        "docstring. Raw results: `bench/results/latest.json`.",
+        "",
+        "| comparison | scaletrain | raw tool | ratio | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in report["table"]:
+        met = "" if row["met"] is None else ("yes" if row["met"] else "**no**")
+        ratio = f"{row['ratio']:.3f}" if isinstance(row["ratio"], float) else str(row["ratio"])
+        note = f" ({row['unit']})" if row["unit"] else ""
+        lines.append(f"| {row['what']} | {row['scaletrain']} | {row['raw']} | {ratio}{note} | {row['target'] or ''} | {met} |")
+    failed = {k: v["error"] for k, v in report["results"].items() if "error" in v}
+    if failed:
+        lines += ["", "Benches that failed this run: " + "; ".join(f"{k}: {v}" for k, v in failed.items())]
+    lines += ["", "![ratios](benchmarks.png)", ""]
+    notes = REPO / "docs" / "benchmarks-notes.md"
+    if notes.exists():
+        lines += [notes.read_text().rstrip(), ""]
+    return "\n".join(lines)
+
+
+def chart(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows_ = [r for r in report["table"] if isinstance(r["ratio"], float)]
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows_) + 1.5))
+    labels = [r["what"] for r in rows_][::-1]
+    values = [r["ratio"] for r in rows_][::-1]
+    colors = ["#2a9d8f" if r["met"] else "#e76f51" if r["met"] is False else "#8d99ae" for r in rows_][::-1]
+    ax.barh(labels, values, color=colors)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    for y, v in enumerate(values):
+        ax.text(v, y, f" {v:.2f}", va="center", fontsize=8)
+    m = report["machine"]
+    ax.set_title(f"scaletrain / raw tool ({report['mode']}; {m['cores']} cores, torch {m['torch']})", fontsize=10)
+    ax.set_xlabel("ratio (green: target met, red: missed, grey: no target)")
+    ax.tick_params(axis="y", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--full", action="store_true", help="more steps and repeats (tens of minutes)")
+    parser.add_argument("--only", help="comma-separated: " + ",".join(BENCHES))
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(BENCHES)
+    unknown = [n for n in names if n not in BENCHES]
+    if unknown:
+        raise SystemExit(f"error: unknown bench {', '.join(unknown)}; choose from {', '.join(BENCHES)}")
+    results = {name: run_bench(name, args.full) for name in names}
+    report = {"mode": "full" if args.full else "quick", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "machine": machine(), "results": results}
+    report["table"] = rows(results)
+    (RESULTS / "latest.json").write_text(json.dumps(report, indent=2) + "\n")
+    (REPO / "docs" / "benchmarks.md").write_text(markdown(report))
+    chart(report, REPO / "docs" / "benchmarks.png")
+    print((REPO / "docs" / "benchmarks.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Training throughput and time to first step: scaletrain against a hand-written DDP loop under
+torchrun (bench/baselines/ddp_loop.py) on the same example job, and scaletrain on 1 worker
+against 2 (scaling). Interleaved (A B C A B C ...), so machine noise hits every variant alike;
+median and spread over the repeats.
+
+  scaletrain    `scaletrain run` with tracking on (an embedded sqlite store) and a verified
+                checkpoint every 100 steps; evaluation off (the raw loop has none)
+  torchrun      torchrun --standalone on the raw loop: same model, data, loss and metrics,
+                batch, optimizer, schedule, clipping and seed; no tracking, no checkpoints
+  scaletrain-1  scaletrain on one worker (one process, no DDP), same per-worker batch
+
+Steps/s are wall-clock from step ``log_every`` to the last step (checkpoints, tracking and
+reports included); time to first step is from the command's start to the first finished step.
+
+    .venv/bin/python bench/throughput.py --job examples/tiny_gpt.yaml --repeats 3 --steps 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import BIN, REPO, emit, run_scaletrain, steady_steps_per_s  # noqa: E402
+
+
+def scaletrain_variant(job: str, steps: int, workers: int, tmp: Path) -> dict:
+    started = time.time()
+    summary = run_scaletrain(job, [
+        f"train.max_steps={steps}", "train.epochs=null", "train.eval_every=null",
+        f"scale.workers={workers}", f"run_dir={tmp / 'runs'}",
+        "tracking.enabled=true", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}",
+        "checkpoint.every_steps=100", "checkpoint.keep_best=null",
+    ])
+    first_step_at = summary["started_at"] + summary["time_to_first_step_s"]
+    return {"first_step_s": first_step_at - started, "steps_per_s": steady_steps_per_s(summary["run_dir"])}
+
+
+def torchrun_variant(job_path: str, steps: int, workers: int) -> dict:
+    from scaletrain.config.loading import load_job
+
+    job = load_job(REPO / job_path, [])
+    example = Path(job_path).stem
+    o, t = job.optim, job.train
+    started = time.time()
+    out = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={workers}", "bench/baselines/ddp_loop.py",
+         f"--example={example}", f"--steps={steps}", f"--batch-size={job.data.batch_size}", f"--lr={o.lr}",
+         f"--weight-decay={o.weight_decay}", "--betas", str(o.betas[0]), str(o.betas[1]),
+         f"--warmup-steps={o.warmup_steps}", f"--min-lr-ratio={o.min_lr_ratio}",
+         f"--clip={t.clip_grad_norm or 1e9}", f"--log-every={t.log_every}", f"--seed={job.seed}"],
+        cwd=REPO, capture_output=True, text=True,
+    )
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"the baseline failed before reporting:\n{out.stderr[-3000:]}")
+    result = json.loads(lines[-1])
+    return {"first_step_s": result["first_step_at"] - started, "steps_per_s": result["steps_per_s"]}
+
+
+def summarize(rows: list[dict]) -> dict:
+    return {key: {"median": statistics.median(r[key] for r in rows), "min": min(r[key] for r in rows),
+                  "max": max(r[key] for r in rows), "values": [r[key] for r in rows]}
+            for key in rows[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--job", default="examples/digits.yaml")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args()
+    job = str(REPO / args.job)
+    runs: dict[str, list[dict]] = {"torchrun": [], "scaletrain": [], "scaletrain-1": []}
+    for _ in range(args.repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs["torchrun"].append(torchrun_variant(args.job, args.steps, args.workers))
+            runs["scaletrain"].append(scaletrain_variant(job, args.steps, args.workers, Path(tmp)))
+            runs["scaletrain-1"].append(scaletrain_variant(job, args.steps, 1, Path(tmp)))
+    table = {name: summarize(rows) for name, rows in runs.items()}
+    med = {name: t["steps_per_s"]["median"] for name, t in table.items()}
+    paired = [s["steps_per_s"] / r["steps_per_s"] for s, r in zip(runs["scaletrain"], runs["torchrun"])]
+    emit({
+        "job": args.job, "steps": args.steps, "workers": args.workers, "repeats": args.repeats,
+        "results": table,
+        "steps_per_s_ratio": med["scaletrain"] / med["torchrun"],
+        "steps_per_s_ratio_paired": {"median": statistics.median(paired), "min": min(paired), "max": max(paired)},
+        "first_step_ratio": table["scaletrain"]["first_step_s"]["median"] / table["torchrun"]["first_step_s"]["median"],
+        # samples/s with N workers over N x samples/s with one: 1.0 is linear scaling
+        "scaling_efficiency": med["scaletrain"] / (args.workers * med["scaletrain-1"]),
+    }, args.out)
+
+
+if __name__ == "__main__":
+    main()
