@@ -9,8 +9,10 @@ median and spread over the repeats.
                 batch, optimizer, schedule, clipping and seed; no tracking, no checkpoints
   scaletrain-1  scaletrain on one worker (one process, no DDP), same per-worker batch
 
-Steps/s are wall-clock from step ``log_every`` to the last step (checkpoints, tracking and
-reports included); time to first step is from the command's start to the first finished step.
+Steps/s are wall-clock over the last two thirds of the steps (checkpoints, tracking and reports
+included; the first third is left out on both sides: start-up, and scaletrain's launcher
+opening the MLflow run while the workers start); time to first step is from the command's
+start to the first finished step.
 
     .venv/bin/python bench/throughput.py --job examples/tiny_gpt.yaml --repeats 3 --steps 300
 """
@@ -30,6 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BIN, REPO, emit, run_scaletrain, steady_steps_per_s  # noqa: E402
 
 
+def timed_from(steps: int, log_every: int) -> int:
+    """The first step of the steady state, on a report step (scaletrain times windows between them)."""
+    return max(log_every, steps // 3 // log_every * log_every)
+
+
 def scaletrain_variant(job: str, steps: int, workers: int, tmp: Path) -> dict:
     started = time.time()
     summary = run_scaletrain(job, [
@@ -39,7 +46,14 @@ def scaletrain_variant(job: str, steps: int, workers: int, tmp: Path) -> dict:
         "checkpoint.every_steps=100", "checkpoint.keep_best=null",
     ])
     first_step_at = summary["started_at"] + summary["time_to_first_step_s"]
-    return {"first_step_s": first_step_at - started, "steps_per_s": steady_steps_per_s(summary["run_dir"])}
+    return {"first_step_s": first_step_at - started,
+            "steps_per_s": steady_steps_per_s(summary["run_dir"], skip=timed_from(steps, _log_every(job)))}
+
+
+def _log_every(job_path: str) -> int:
+    from scaletrain.config.loading import load_job
+
+    return load_job(job_path, []).train.log_every
 
 
 def torchrun_variant(job_path: str, steps: int, workers: int) -> dict:
@@ -54,7 +68,8 @@ def torchrun_variant(job_path: str, steps: int, workers: int) -> dict:
          f"--example={example}", f"--steps={steps}", f"--batch-size={job.data.batch_size}", f"--lr={o.lr}",
          f"--weight-decay={o.weight_decay}", "--betas", str(o.betas[0]), str(o.betas[1]),
          f"--warmup-steps={o.warmup_steps}", f"--min-lr-ratio={o.min_lr_ratio}",
-         f"--clip={t.clip_grad_norm or 1e9}", f"--log-every={t.log_every}", f"--seed={job.seed}"],
+         f"--clip={t.clip_grad_norm or 1e9}", f"--log-every={t.log_every}", f"--seed={job.seed}",
+         f"--timed-from={timed_from(steps, t.log_every)}"],
         cwd=REPO, capture_output=True, text=True,
     )
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]

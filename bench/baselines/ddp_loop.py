@@ -5,7 +5,7 @@ sides do exactly the same arithmetic, the per-step accuracy included).
 Written as a competent user would: DistributedSampler and DataLoader, AdamW with decay on
 matrices only, linear warmup then cosine to ``min_lr_ratio``, gradient clipping, the loss and
 metrics kept on the device and all-reduced only every ``log_every`` steps. Prints one JSON
-line: the time of the first finished step and steady-state steps/s (from step ``log_every``).
+line: the time of the first finished step and steady-state steps/s (from step ``--timed-from``).
 
     torchrun --standalone --nproc-per-node 2 bench/baselines/ddp_loop.py --example digits --steps 600
 """
@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--log-every", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timed-from", type=int, default=None, help="steady state from this step (default: log_every)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -86,7 +87,7 @@ def main() -> None:
             step += 1
             if step == 1:
                 first_step_at = time.time()
-            if step == args.log_every:
+            if step == (args.timed_from or args.log_every):
                 timed_from = (time.perf_counter(), step)
             if step % args.log_every == 0:
                 values = torch.stack([loss.detach(), *(v.detach() for v in metrics.values())])

@@ -130,7 +130,8 @@ def _run_attempt(
     if config.tracking.enabled:
         from scaletrain.tracking.session import TrackingSession
 
-        tracking = TrackingSession(config, spec, launcher.name, tracking_tags, _launcher_log).start()
+        tracking = TrackingSession(config, spec, launcher.name, tracking_tags, _launcher_log).start(
+            background=launcher.name != "in-process")
 
     summary: dict[str, Any] = {
         "status": "running",

@@ -1,10 +1,12 @@
 """The launcher's MLflow side of one attempt: open the run, ship the journal, close the run.
 
-Opening never holds training up: a background thread imports MLflow and opens the run while
-the workers start (that is ~4 s of CPU on a small machine, and rank 0 journals regardless).
-When the tracker does not answer, one warning is logged and the thread keeps trying with
-backoff while the workers train. When the run finally exists, everything journaled so far
-is sent. A resumed job reopens its run (its id is kept in
+Opening never holds training up. When the workers are other processes, a background thread
+of the launcher imports MLflow and opens the run while they start (~4 s of CPU on a small
+machine; rank 0 journals regardless). A lower priority for that thread was tried and made
+the first step later: it holds the launcher's GIL while it waits for a core. In one process (the in-process engine) the run is opened first: a thread there
+would take the interpreter from the training loop. When the tracker does not answer, one
+warning is logged and a background thread keeps trying with backoff while training goes on.
+When the run finally exists, everything journaled so far is sent. A resumed job reopens its run (its id is kept in
 ``tracking/mlflow_run.json``) and counts one more attempt.
 """
 
@@ -52,26 +54,35 @@ class TrackingSession:
     def run_id(self) -> str | None:
         return self.run.run_id if self.run is not None else None
 
-    def start(self) -> TrackingSession:
-        self._opener = threading.Thread(target=self._open_or_keep_trying, daemon=True,
-                                        name="scaletrain-open-run")
-        self._opener.start()
+    def start(self, background: bool = True) -> TrackingSession:
+        """``background``: open while the workers start (they are other processes)."""
+        if background:
+            self._opener = threading.Thread(target=self._open_or_keep_trying, daemon=True,
+                                            name="scaletrain-open-run")
+            self._opener.start()
+        elif not self._try_open():
+            self._opener = threading.Thread(target=self._keep_trying, daemon=True, name="scaletrain-open-run")
+            self._opener.start()
         return self
 
     def _open_or_keep_trying(self) -> None:
+        if not self._try_open():
+            self._keep_trying()
+
+    def _try_open(self) -> bool:
         from scaletrain.tracking.sender import configure_mlflow_client
 
         try:
             configure_mlflow_client()
             self._open()
-            return
+            return True
         except Exception as exc:
             self.log.warning(
                 "cannot reach the tracking server to open the MLflow run (%s); training goes "
                 "on, metrics are journaled in %s and sent once it answers",
                 _one_line(exc), self.run_dir / "tracking",
             )
-        self._keep_trying()
+            return False
 
     def _open(self) -> None:
         from scaletrain.tracking.mlflow_run import TrackingRun
