@@ -26,9 +26,9 @@ from common import REPO  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 # name: (script, quick args, full args)
 BENCHES = {
-    "throughput_digits": ("throughput.py", ["--job", "examples/digits.yaml", "--repeats", "3", "--steps", "400"],
+    "throughput_digits": ("throughput.py", ["--job", "examples/digits.yaml", "--repeats", "3", "--steps", "900"],
                           ["--job", "examples/digits.yaml", "--repeats", "5", "--steps", "1500"]),
-    "throughput_tiny_gpt": ("throughput.py", ["--job", "examples/tiny_gpt.yaml", "--repeats", "3", "--steps", "200"],
+    "throughput_tiny_gpt": ("throughput.py", ["--job", "examples/tiny_gpt.yaml", "--repeats", "3", "--steps", "300"],
                             ["--job", "examples/tiny_gpt.yaml", "--repeats", "5", "--steps", "600"]),
     "tracking": ("tracking_overhead.py", ["--repeats", "2", "--steps", "1000", "--blocks", "10"],
                  ["--repeats", "4", "--steps", "3000", "--blocks", "30"]),
@@ -74,7 +74,9 @@ def run_bench(name: str, full: bool) -> dict:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}",
                 "seconds": elapsed}
     print(f"[bench] {name} done in {elapsed:.0f} s", file=sys.stderr, flush=True)
-    return {**json.loads(out.read_text()), "seconds": elapsed}
+    result = {**json.loads(out.read_text()), "seconds": elapsed}
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 def rows(results: dict) -> list[dict]:
@@ -220,7 +222,13 @@ def main() -> None:
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
         raise SystemExit(f"error: unknown bench {', '.join(unknown)}; choose from {', '.join(BENCHES)}")
-    results = {name: run_bench(name, args.full) for name in names}
+    results = {}
+    for name in BENCHES:  # with --only, the others' latest results stay in the report
+        previous = RESULTS / "latest" / f"{name}.json"
+        if name in names:
+            results[name] = {**run_bench(name, args.full), "ran_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        elif previous.exists():
+            results[name] = {**json.loads(previous.read_text()), "ran_at": "an earlier run"}
     report = {"mode": "full" if args.full else "quick", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": machine(), "results": results}
     report["table"] = rows(results)

@@ -3,8 +3,10 @@ torchrun (bench/baselines/ddp_loop.py) on the same example job, and scaletrain o
 against 2 (scaling). Interleaved (A B C A B C ...), so machine noise hits every variant alike;
 median and spread over the repeats.
 
-  scaletrain    `scaletrain run` with tracking on (an embedded sqlite store) and a verified
-                checkpoint every 100 steps; evaluation off (the raw loop has none)
+  scaletrain    `scaletrain run` with tracking and checkpointing at their defaults: metrics every
+                train.log_every steps to an embedded sqlite store, a verified checkpoint at the end (after the
+                timed steps; bench/checkpoint_io.py measures saves); evaluation off (the raw loop
+                has none)
   torchrun      torchrun --standalone on the raw loop: same model, data, loss and metrics,
                 batch, optimizer, schedule, clipping and seed; no tracking, no checkpoints
   scaletrain-1  scaletrain on one worker (one process, no DDP), same per-worker batch
@@ -43,7 +45,7 @@ def scaletrain_variant(job: str, steps: int, workers: int, tmp: Path) -> dict:
         f"train.max_steps={steps}", "train.epochs=null", "train.eval_every=null",
         f"scale.workers={workers}", f"run_dir={tmp / 'runs'}",
         "tracking.enabled=true", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}",
-        "checkpoint.every_steps=100", "checkpoint.keep_best=null",
+        "checkpoint.every_steps=null", "checkpoint.keep_best=null",
     ])
     first_step_at = summary["started_at"] + summary["time_to_first_step_s"]
     return {"first_step_s": first_step_at - started,
