@@ -4,6 +4,7 @@ writes bench/results/latest.json, docs/benchmarks.md (the table) and docs/benchm
     .venv/bin/python bench/run_all.py            # quick: minutes on 2 cores
     .venv/bin/python bench/run_all.py --full     # more steps and repeats
     .venv/bin/python bench/run_all.py --only throughput_digits,checkpoints
+    .venv/bin/python bench/run_all.py --render   # rebuild the report (after editing docs/benchmarks-notes.md)
 
 Each bench runs as its own process (bench/<name>.py --out ...) one after the other, never two at
 once: they measure the same cores. Its JSON lands in bench/results/latest/<name>.json.
@@ -217,8 +218,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--full", action="store_true", help="more steps and repeats (tens of minutes)")
     parser.add_argument("--only", help="comma-separated: " + ",".join(BENCHES))
+    parser.add_argument("--render", action="store_true", help="run nothing: rebuild the report from the latest results")
     args = parser.parse_args()
-    names = args.only.split(",") if args.only else list(BENCHES)
+    names = [] if args.render else args.only.split(",") if args.only else list(BENCHES)
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
         raise SystemExit(f"error: unknown bench {', '.join(unknown)}; choose from {', '.join(BENCHES)}")
@@ -229,8 +231,12 @@ def main() -> None:
             results[name] = {**run_bench(name, args.full), "ran_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         elif previous.exists():
             results[name] = {**json.loads(previous.read_text()), "ran_at": "an earlier run"}
-    report = {"mode": "full" if args.full else "quick", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "machine": machine(), "results": results}
+    if args.render and (RESULTS / "latest.json").exists():
+        earlier = json.loads((RESULTS / "latest.json").read_text())
+        mode, date = earlier["mode"], earlier["date"]
+    else:
+        mode, date = ("full" if args.full else "quick"), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    report = {"mode": mode, "date": date, "machine": machine(), "results": results}
     report["table"] = rows(results)
     (RESULTS / "latest.json").write_text(json.dumps(report, indent=2) + "\n")
     (REPO / "docs" / "benchmarks.md").write_text(markdown(report))
