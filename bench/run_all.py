@@ -31,7 +31,7 @@ BENCHES = {
                           ["--job", "examples/digits.yaml", "--repeats", "5", "--steps", "1500"]),
     "throughput_tiny_gpt": ("throughput.py", ["--job", "examples/tiny_gpt.yaml", "--repeats", "3", "--steps", "300"],
                             ["--job", "examples/tiny_gpt.yaml", "--repeats", "5", "--steps", "600"]),
-    "tracking": ("tracking_overhead.py", ["--repeats", "2", "--steps", "1000", "--blocks", "10"],
+    "tracking": ("tracking_overhead.py", ["--repeats", "2", "--steps", "600", "--blocks", "8"],
                  ["--repeats", "4", "--steps", "3000", "--blocks", "30"]),
     "checkpoints": ("checkpoint_io.py", ["--repeats", "3", "--states", "digits_mlp,tiny_gpt,mlp_50m"],
                     ["--repeats", "5"]),
@@ -191,24 +191,40 @@ def markdown(report: dict) -> str:
 
 
 def chart(report: dict, path: Path) -> None:
+    """Ratios on a log scale (left); fractions of throughput lost to tracking (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows_ = [r for r in report["table"] if isinstance(r["ratio"], float)]
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows_) + 1.5))
-    labels = [r["what"] for r in rows_][::-1]
-    values = [r["ratio"] for r in rows_][::-1]
-    colors = ["#2a9d8f" if r["met"] else "#e76f51" if r["met"] is False else "#8d99ae" for r in rows_][::-1]
-    ax.barh(labels, values, color=colors)
-    ax.axvline(1.0, color="black", linewidth=0.8)
+    def color(row: dict) -> str:
+        return "#2a9d8f" if row["met"] else "#e76f51" if row["met"] is False else "#8d99ae"
+
+    ratios = [r for r in report["table"] if isinstance(r["ratio"], float) and "lost" not in r["what"] and r["ratio"] > 0]
+    lost = [r for r in report["table"] if isinstance(r["ratio"], float) and "lost" in r["what"]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.42 * len(ratios) + 1.8),
+                                      gridspec_kw={"width_ratios": [3, 1]})
+    labels = [r["what"] for r in ratios][::-1]
+    values = [r["ratio"] for r in ratios][::-1]
+    left.barh(labels, values, color=[color(r) for r in ratios][::-1])
+    left.set_xscale("log")
+    left.axvline(1.0, color="black", linewidth=0.8)
     for y, v in enumerate(values):
-        ax.text(v, y, f" {v:.2f}", va="center", fontsize=8)
+        left.text(v, y, f" {v:.2f}", va="center", fontsize=8)
+    left.set_xlabel("scaletrain / raw tool (log scale; green: target met, red: missed, grey: no target)", fontsize=8)
+    left.tick_params(axis="y", labelsize=8)
+    if lost:
+        names = [r["what"].replace("tracking, every step, 2 workers, ", "").replace(": steps/s lost", "") for r in lost]
+        right.barh(names, [r["ratio"] for r in lost], color=[color(r) for r in lost])
+        right.axvline(0.0, color="black", linewidth=0.8)
+        right.axvline(0.01, color="#e76f51", linewidth=0.8, linestyle="--")
+        right.set_title("tracking every step, 2 workers:\nthroughput lost (target < 1%, dashed)", fontsize=8)
+        right.tick_params(axis="y", labelsize=8)
+    else:
+        right.axis("off")
     m = report["machine"]
-    ax.set_title(f"scaletrain / raw tool ({report['mode']}; {m['cores']} cores, torch {m['torch']})", fontsize=10)
-    ax.set_xlabel("ratio (green: target met, red: missed, grey: no target)")
-    ax.tick_params(axis="y", labelsize=8)
+    fig.suptitle(f"scaletrain against the raw tools ({report['mode']} mode; {m['cpu']}, {m['cores']} cores, "
+                 f"torch {m['torch']})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
