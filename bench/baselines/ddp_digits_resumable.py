@@ -1,4 +1,4 @@
-"""The raw baseline for recovery: bench/baselines/ddp_digits.py plus checkpoint and resume, as a
+"""The raw baseline for recovery: the digits MLP in a hand-written DDP loop (as bench/baselines/ddp_loop.py) plus checkpoint and resume, as a
 competent user writes them for torchrun --max-restarts.
 
 Rank 0 saves {model, optimizer, scheduler, step} with torch.save every --save-every steps
