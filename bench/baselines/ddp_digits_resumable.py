@@ -1,5 +1,6 @@
-"""The raw baseline for recovery: the digits MLP in a hand-written DDP loop (as bench/baselines/ddp_loop.py) plus checkpoint and resume, as a
-competent user writes them for torchrun --max-restarts.
+"""The raw baseline for recovery: the digits MLP in a hand-written DDP loop (as
+bench/baselines/ddp_loop.py) plus checkpoint and resume, as a competent user writes them for
+torchrun --max-restarts.
 
 Rank 0 saves {model, optimizer, scheduler, step} with torch.save every --save-every steps
 (temp file, fsync, os.replace); every rank resumes from it on start and skips the batches of
