@@ -27,7 +27,7 @@ from common import REPO  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 # name: (script, quick args, full args)
 BENCHES = {
-    "throughput_digits": ("throughput.py", ["--job", "examples/digits.yaml", "--repeats", "3", "--steps", "900"],
+    "throughput_digits": ("throughput.py", ["--job", "examples/digits.yaml", "--repeats", "3", "--steps", "2400"],
                           ["--job", "examples/digits.yaml", "--repeats", "5", "--steps", "1500"]),
     "throughput_tiny_gpt": ("throughput.py", ["--job", "examples/tiny_gpt.yaml", "--repeats", "3", "--steps", "300"],
                             ["--job", "examples/tiny_gpt.yaml", "--repeats", "5", "--steps", "600"]),
