@@ -2,11 +2,12 @@
 
 Opening never holds training up. When the workers are other processes, a background thread
 of the launcher imports MLflow and opens the run while they start (~4 s of CPU on a small
-machine; rank 0 journals regardless). A lower priority for that thread was tried and made
-the first step later: it holds the launcher's GIL while it waits for a core. In one process (the in-process engine) the run is opened first: a thread there
-would take the interpreter from the training loop. When the tracker does not answer, one
-warning is logged and a background thread keeps trying with backoff while training goes on.
-When the run finally exists, everything journaled so far is sent. A resumed job reopens its run (its id is kept in
+machine; rank 0 journals regardless). A lower priority for that thread was tried and made the
+first step later: it holds the launcher's GIL while it waits for a core. In one process (the
+in-process engine) the run is opened first: a thread there would take the interpreter from
+the training loop. When the tracker does not answer, one warning is logged and a background
+thread keeps trying with backoff while training goes on. When the run finally exists,
+everything journaled so far is sent. A resumed job reopens its run (its id is kept in
 ``tracking/mlflow_run.json``) and counts one more attempt.
 """
 
