@@ -28,6 +28,20 @@ def run_scaletrain(job: str, overrides: list[str], env: dict | None = None) -> d
         raise RuntimeError(f"no JSON summary on stdout: {out.stdout[:500]!r} {out.stderr[-1500:]}") from None
 
 
+def profile_example(job_path: str | Path, overrides: list[str] | tuple[str, ...] = ()):
+    """An example job, its task and the planner's profile of it (at the job's batch and
+    optimizer): what the benches compare with reality."""
+    from scaletrain.config.loading import load_job
+    from scaletrain.plan.model_profile import profile_task
+    from scaletrain.task import build_task
+
+    job = load_job(REPO / job_path, list(overrides))
+    task = build_task(job.task.target, job.task.args, [str(REPO / "examples")])
+    profile = profile_task(task, job.name, job.train.precision, batch=job.data.batch_size,
+                           optimizer=job.optim.name)
+    return job, task, profile
+
+
 def steady_steps_per_s(run_dir: str | Path, skip: int = 20) -> float:
     """Steps/s after the first ``skip`` steps, from the step times of every report window."""
     rows = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").read_text().splitlines()]

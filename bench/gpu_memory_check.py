@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, emit, run_scaletrain  # noqa: E402
+from common import REPO, emit, profile_example, run_scaletrain  # noqa: E402
 
 SHAPE = ["task.args.layers=8", "task.args.dim=1024", "task.args.heads=16", "task.args.context=512",
          "task.args.vocab=256", "data.batch_size=8"]
@@ -39,11 +39,8 @@ def main() -> None:
         raise SystemExit("error: this check needs a CUDA device; on CPU the tests compare state bytes exactly")
     from dataclasses import replace
 
-    from scaletrain.config.loading import load_job
     from scaletrain.plan.estimate import Option, estimate
     from scaletrain.plan.hardware import detect_hardware
-    from scaletrain.plan.model_profile import profile_task
-    from scaletrain.task import build_task
 
     gpus = torch.cuda.device_count()  # NCCL takes one rank per GPU: on a 1-GPU machine, world 1
     job_file = str(REPO / "examples" / "tiny_gpt.yaml")
@@ -54,9 +51,7 @@ def main() -> None:
         common = [*SHAPE, *overrides, f"scale.workers={workers}", f"train.max_steps={args.steps}",
                   "train.epochs=null", "train.eval_every=null", "tracking.enabled=false",
                   "checkpoint.every_steps=null", "checkpoint.at_end=false", f"run_dir={tmp / label.split()[0]}"]
-        job = load_job(job_file, common)
-        task = build_task(job.task.target, job.task.args, [str(REPO / "examples")])
-        profile = profile_task(task, job.name, job.train.precision, batch=job.data.batch_size)
+        job, _, profile = profile_example(job_file, common)
         hardware = replace(detect_hardware(), devices_per_node=workers)
         option = Option(strategy, workers, workers if sharded else 1, reshard_after_forward=reshard)
         predicted = estimate(option, profile, hardware, job.data.batch_size, job.optim.name,

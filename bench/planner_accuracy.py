@@ -17,17 +17,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, emit, run_scaletrain  # noqa: E402
+from common import REPO, emit, profile_example, run_scaletrain  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 from tests.helpers.measure import saved_tensor_bytes  # noqa: E402
 from tests.helpers.run import state_bytes_by_rank  # noqa: E402
 
-from scaletrain.config.loading import load_job  # noqa: E402
 from scaletrain.plan.estimate import state_bytes_per_rank  # noqa: E402
 from scaletrain.plan.model_profile import profile_task  # noqa: E402
-from scaletrain.task import build_task  # noqa: E402
 
 JOBS = {"digits": "examples/digits.yaml", "tiny_gpt": "examples/tiny_gpt.yaml"}
 # name: (overrides, workers, ranks a parameter is split over)
@@ -48,14 +46,12 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="st-planner-"))
     rows = []
     for model, job_path in JOBS.items():
-        job = load_job(REPO / job_path, [])
-        task = build_task(job.task.target, job.task.args, [str(REPO / "examples")])
-        profile = profile_task(task, model, job.train.precision, batch=job.data.batch_size, optimizer=job.optim.name)
+        job, task, profile = profile_example(job_path)
         torch.manual_seed(0)
         measured_activations = saved_tensor_bytes(task, task.build_model(), job.data.batch_size)
         predicted_activations = profile.activations.bytes(job.data.batch_size)
         # What a model too large for a real CPU pass gets: the meta-device pass.
-        meta = profile_task(task, model, job.train.precision, real_pass=False, count_flops=False)
+        meta = profile_task(task, job.name, job.train.precision, real_pass=False, count_flops=False)
         meta_activations = meta.activations.bytes(job.data.batch_size)
         for name, (overrides, workers, shard) in STRATEGIES.items():
             summary = run_scaletrain(str(REPO / job_path), [

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, emit, run_scaletrain, steady_steps_per_s  # noqa: E402
+from common import REPO, emit, profile_example, run_scaletrain, steady_steps_per_s  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from tests.helpers.run import state_bytes_by_rank  # noqa: E402
@@ -68,15 +68,10 @@ def _planner(job_path: str, workers: int, steps_per_s: dict[str, float]) -> tupl
     its FSDP - DDP difference equal the measured one."""
     from dataclasses import replace
 
-    from scaletrain.config.loading import load_job
     from scaletrain.plan.estimate import make_plan
     from scaletrain.plan.hardware import detect_hardware
-    from scaletrain.plan.model_profile import profile_task
-    from scaletrain.task import build_task
 
-    job = load_job(REPO / job_path, [])
-    task = build_task(job.task.target, job.task.args, [str(REPO / "examples")])
-    profile = profile_task(task, job.name, job.train.precision, batch=job.data.batch_size, optimizer=job.optim.name)
+    job, _, profile = profile_example(job_path)
     hardware = replace(detect_hardware(), devices_per_node=workers)
     plan = make_plan(profile, hardware, job.data.batch_size, job.optim.name, job.optim.momentum,
                      job.train.precision, every_device=True)

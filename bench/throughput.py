@@ -39,7 +39,7 @@ def timed_from(steps: int, log_every: int) -> int:
     return max(log_every, steps // 3 // log_every * log_every)
 
 
-def scaletrain_variant(job: str, steps: int, workers: int, tmp: Path) -> dict:
+def scaletrain_variant(job: str, steps: int, workers: int, tmp: Path, log_every: int) -> dict:
     started = time.time()
     summary = run_scaletrain(job, [
         f"train.max_steps={steps}", "train.epochs=null", "train.eval_every=null",
@@ -49,19 +49,10 @@ def scaletrain_variant(job: str, steps: int, workers: int, tmp: Path) -> dict:
     ])
     first_step_at = summary["started_at"] + summary["time_to_first_step_s"]
     return {"first_step_s": first_step_at - started,
-            "steps_per_s": steady_steps_per_s(summary["run_dir"], skip=timed_from(steps, _log_every(job)))}
+            "steps_per_s": steady_steps_per_s(summary["run_dir"], skip=timed_from(steps, log_every))}
 
 
-def _log_every(job_path: str) -> int:
-    from scaletrain.config.loading import load_job
-
-    return load_job(job_path, []).train.log_every
-
-
-def torchrun_variant(job_path: str, steps: int, workers: int) -> dict:
-    from scaletrain.config.loading import load_job
-
-    job = load_job(REPO / job_path, [])
+def torchrun_variant(job_path: str, steps: int, workers: int, job) -> dict:
     example = Path(job_path).stem
     o, t = job.optim, job.train
     started = time.time()
@@ -95,13 +86,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
-    job = str(REPO / args.job)
+    from scaletrain.config.loading import load_job
+
+    config = load_job(REPO / args.job, [])
+    job, every = str(REPO / args.job), config.train.log_every
     runs: dict[str, list[dict]] = {"torchrun": [], "scaletrain": [], "scaletrain-1": []}
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
-            runs["torchrun"].append(torchrun_variant(args.job, args.steps, args.workers))
-            runs["scaletrain"].append(scaletrain_variant(job, args.steps, args.workers, Path(tmp)))
-            runs["scaletrain-1"].append(scaletrain_variant(job, args.steps, 1, Path(tmp)))
+            runs["torchrun"].append(torchrun_variant(args.job, args.steps, args.workers, config))
+            runs["scaletrain"].append(scaletrain_variant(job, args.steps, args.workers, Path(tmp), every))
+            runs["scaletrain-1"].append(scaletrain_variant(job, args.steps, 1, Path(tmp), every))
     table = {name: summarize(rows) for name, rows in runs.items()}
     med = {name: t["steps_per_s"]["median"] for name, t in table.items()}
     paired = [s["steps_per_s"] / r["steps_per_s"] for s, r in zip(runs["scaletrain"], runs["torchrun"])]

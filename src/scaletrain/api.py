@@ -131,7 +131,7 @@ def _run_attempt(
         from scaletrain.tracking.session import TrackingSession
 
         tracking = TrackingSession(config, spec, launcher.name, tracking_tags, _launcher_log).start(
-            background=launcher.name != "in-process")
+            background=not launcher.trains_in_this_process)
 
     summary: dict[str, Any] = {
         "status": "running",

@@ -15,6 +15,7 @@ __all__ = ["InProcessLauncher"]
 
 class InProcessLauncher(Launcher):
     name = "in-process"
+    trains_in_this_process = True
 
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
         assert workers == 1, "the in-process launcher runs exactly one worker"
