@@ -130,8 +130,7 @@ def _run_attempt(
     if config.tracking.enabled:
         from scaletrain.tracking.session import TrackingSession
 
-        tracking = TrackingSession(config, spec, launcher.name, tracking_tags, _launcher_log).start(
-            background=not launcher.trains_in_this_process)
+        tracking = TrackingSession(config, spec, launcher.name, tracking_tags, _launcher_log).start()
 
     summary: dict[str, Any] = {
         "status": "running",

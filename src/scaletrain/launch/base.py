@@ -15,8 +15,6 @@ __all__ = ["Launcher", "worker_error", "checked_result"]
 
 class Launcher(ABC):
     name: str = ""
-    # True when the worker runs in the caller's process (no other processes to overlap with).
-    trains_in_this_process: bool = False
 
     @abstractmethod
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:

@@ -15,7 +15,6 @@ __all__ = ["InProcessLauncher"]
 
 class InProcessLauncher(Launcher):
     name = "in-process"
-    trains_in_this_process = True
 
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
         assert workers == 1, "the in-process launcher runs exactly one worker"

@@ -1,8 +1,7 @@
-"""The launcher's side of MLflow: one run per job, created before any worker starts.
-
-The launcher creates the run, records params (the flattened, redacted job), tags and the
-job file, hands the run id to the workers (only rank 0 logs metrics), and at the end logs
-the artifacts and the final status. mlflow is imported here and in the sink only.
+"""The job's MLflow run: created (or reopened) by the tracking process (ship.py) while the
+workers start, with params (the flattened, redacted job), tags and the job file; at the end
+the artifacts and the final status. Workers never talk to MLflow: rank 0 journals its
+metrics and the tracking process sends them.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ def resolve_tracking_uri(config: JobConfig | None = None) -> str:
 
 
 class TrackingRun:
-    """A handle on the job's MLflow run, held by the launcher."""
+    """A handle on the job's MLflow run, held by the tracking process."""
 
     def __init__(self, client: Any, run_id: str, uri: str, redactor: Redactor):
         self.client = client
@@ -48,8 +47,8 @@ class TrackingRun:
         self.system_metrics: Any = None
 
     def start_system_metrics(self, every_s: float) -> None:
-        """MLflow's own sampler (system/* metrics), in a thread of the launcher, which is idle
-        while the workers train."""
+        """MLflow's own sampler (system/* metrics), in a thread of the tracking process (at
+        idle priority: a sample can come late on saturated cores, never at training's cost)."""
         if every_s <= 0:
             return
         try:

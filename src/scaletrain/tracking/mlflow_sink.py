@@ -1,6 +1,6 @@
 """Rank 0's MLflow reporter: it only appends to the metric journal.
 
-Sending happens elsewhere (tracking/shipper.py, in the launcher process), so the training
+Sending happens elsewhere (the tracking process, tracking/ship.py), so the training
 process never imports mlflow for metrics, never waits for the tracker, and shares neither its
 interpreter lock nor its start-up with a sender thread.
 """

@@ -1,7 +1,7 @@
 """Sends journaled metric points to MLflow from a background thread, in batches.
 
 Training never waits for the tracker: the workers only append to the journal; this thread
-(in the launcher) sends at most one request every ``interval_s`` (or per 1000 points).
+(in the tracking process, ship.py) sends at most one request every ``interval_s`` (or per 1000 points).
 A failed batch is retried with backoff (the same batch, so order and the cursor stay
 simple); the first failure logs one warning and the recovery one line, never one per step.
 """
@@ -46,7 +46,6 @@ class MetricSender:
         self._give_up_at = float("inf")
         self._failing_since: float | None = None
         self.delivered = 0
-        self.startup_cpu_s: float | None = None  # the process's CPU time once the client was ready
         self._thread = threading.Thread(target=self._run, name="scaletrain-metrics", daemon=True)
 
     def start(self) -> None:
@@ -91,7 +90,6 @@ class MetricSender:
             try:
                 if client is None:
                     client = self._client_factory()
-                    self.startup_cpu_s = process_cpu_s()
                 _log_batch(client, self._run_id, batch)
             except Exception as exc:  # network, server down, 5xx: keep the points, retry
                 self._on_failure(exc)

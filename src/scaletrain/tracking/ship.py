@@ -1,13 +1,19 @@
-"""The metric shipper in a process of its own, at idle CPU priority.
+"""The tracking process: everything MLflow does for one attempt, in a process of its own.
 
-MLflow's ingestion costs about a quarter of a millisecond of CPU per point (sqlite, or the
-tracking client's HTTP work), so a run that logs every step sends thousands of points a second.
-In a thread of the launcher that work would share the interpreter lock with a one-worker run
-(which trains in the launcher's process) and the cores with every worker; here it runs under
-SCHED_IDLE, only on cycles training leaves free, and catches up after the last step.
+It imports MLflow and opens the job's run (or reopens it, on resume) while the workers start,
+so neither the launcher nor a worker ever imports MLflow, and none of that start-up (~2 s of
+import, ~2 s more to create a new sqlite store's tables) lands in the training window. Once
+the run is open it drops to SCHED_IDLE and tails the metric journal, sending it in batches
+(MLflow's ingestion costs about a quarter of a millisecond of CPU per point), with MLflow's
+system-metrics sampler beside it. When the tracker does not answer, it warns once and keeps
+trying with backoff while training goes on; the journal keeps every point meanwhile.
 
-The launcher closes the shipper's stdin when the attempt ends (or dies, which closes it too);
-the shipper then delivers what is left within its timeout and prints how many points remain.
+Protocol with the launcher (tracking/session.py): it prints one JSON line when the run is
+open (``{"event": "opened", "run_id", "uri"}``) and one when it is done (``{"event":
+"closed", ...}``); the launcher writes one JSON line on its stdin at the end of the attempt
+(how long to keep trying, the final status, tags and the artifacts to log). End of file
+instead (the launcher died) means: deliver what is left within 30 s, leave the run's status
+alone. Ctrl-C and SIGTERM are the launcher's to handle: this process waits for its word.
 """
 
 from __future__ import annotations
@@ -15,50 +21,43 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
-__all__ = ["ShipperProcess", "main"]
+__all__ = ["main"]
+
+DEFAULT_CLOSE_TIMEOUT_S = 30.0
 
 
-class ShipperProcess:
-    """The launcher's handle: start() the process, close() it and learn what was left."""
+class _Commands:
+    """The launcher's one line on stdin, read by a thread so opening can be abandoned."""
 
-    def __init__(self, uri: str, run_id: str, journal_dir: Path, log_file: Path,
-                 local_run_id: str, trace_id: str):
-        self.args = [sys.executable, "-m", "scaletrain.tracking.ship", uri, run_id,
-                     str(journal_dir), str(log_file), local_run_id, trace_id]
-        self.proc: subprocess.Popen | None = None
+    def __init__(self) -> None:
+        self.command: dict[str, Any] | None = None
+        self.arrived = threading.Event()
+        threading.Thread(target=self._read, name="scaletrain-stdin", daemon=True).start()
 
-    def start(self) -> ShipperProcess:
-        self.proc = subprocess.Popen(
-            self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            preexec_fn=_idle_priority,
-        )
-        return self
-
-    def close(self, timeout_s: float) -> dict:
-        """``{"left": points left undelivered after timeout_s (they stay in the journal; -1:
-        unknown), "delivered": points sent, "cpu_s": the shipper's CPU time, "startup_cpu_s":
-        of which before it could send (importing mlflow, opening the store)}``."""
-        assert self.proc is not None
-        unknown = {"left": -1, "delivered": None, "cpu_s": None, "startup_cpu_s": None}
+    def _read(self) -> None:
+        line = sys.stdin.readline()
         try:
-            out, _ = self.proc.communicate(input=f"{timeout_s}\n", timeout=timeout_s + 30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
-            return unknown
-        try:
-            report = json.loads(out.strip().splitlines()[-1])
-            return {**unknown, **report, "left": int(report["left"])}
-        except (ValueError, IndexError, KeyError, TypeError):
-            return unknown
+            command = json.loads(line) if line.strip() else None
+            self.command = command if isinstance(command, dict) else None
+        except ValueError:
+            self.command = None
+        self.arrived.set()
+
+
+def _emit(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
 
 
 def _idle_priority() -> None:
-    """In the child before exec: SCHED_IDLE, else nice 19 (threads inherit either)."""
+    """SCHED_IDLE for the calling thread and the threads it starts from now on (else nice 19)."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
@@ -68,37 +67,111 @@ def _idle_priority() -> None:
             pass
 
 
+def _open_run(config: Any, spec: Any, engine: str, extra_tags: dict[str, str], log: logging.Logger,
+              commands: _Commands, max_backoff_s: float) -> Any:
+    """The job's MLflow run, reopened on resume; retried with backoff until it opens or the
+    launcher says the attempt is over (then None)."""
+    from scaletrain.checkpoint.atomic import write_text_atomic
+    from scaletrain.tracking.mlflow_run import TrackingRun
+    from scaletrain.tracking.sender import configure_mlflow_client
+    from scaletrain.tracking.session import RUN_FILE, recorded_run
+
+    run_dir = Path(spec.run_dir)
+    backoff, failing = 1.0, False
+    while True:
+        try:
+            configure_mlflow_client()
+            known = recorded_run(run_dir)
+            if known:  # a resumed job continues its run
+                run = TrackingRun.reopen(config, known["uri"], known["run_id"], spec.attempt)
+            else:
+                run = TrackingRun.start(config, spec.run_id, spec.trace_id, engine, spec.python_path,
+                                        extra_tags)
+                write_text_atomic(run_dir / "tracking" / RUN_FILE,
+                                  json.dumps({"uri": run.uri, "run_id": run.run_id}))
+                run.log_artifact(run_dir / "job.yaml")
+        except Exception as exc:
+            if not failing:
+                log.warning(
+                    "cannot reach the tracking server to open the MLflow run (%s); training goes "
+                    "on, metrics are journaled in %s and sent once it answers",
+                    _one_line(exc), run_dir / "tracking",
+                )
+                failing = True
+            if commands.arrived.wait(backoff):
+                return None
+            backoff = min(max_backoff_s, backoff * 2)
+            continue
+        if failing:
+            log.warning("tracking server reachable: opened MLflow run %s; sending the journaled "
+                        "metrics", run.run_id)
+        return run
+
+
+def _finish(run: Any, command: dict[str, Any], log: logging.Logger) -> str | None:
+    """Log the artifacts and the final status; returns the error, if any."""
+    try:
+        for path, artifact_path in command.get("artifacts", []):
+            run.log_artifact(path, artifact_path)
+        run.finish(command["status"], command.get("tags") or {}, restarts=command.get("restarts", 0))
+        return None
+    except Exception as exc:
+        log.warning("could not record the end of MLflow run %s (%s); the run directory has it all",
+                    run.run_id, _one_line(exc))
+        return _one_line(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # The launcher handles Ctrl-C and preemption, then tells this process how to end the run.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from scaletrain.config.schema import JobConfig
+    from scaletrain.launch.spec import RunSpec
     from scaletrain.tracking.logs import LAUNCHER_LOGGER_NAME, LogContext, setup_logging
+    from scaletrain.tracking.redact import Redactor
     from scaletrain.tracking.sender import process_cpu_s
     from scaletrain.tracking.shipper import JournalShipper
 
-    from scaletrain.tracking.redact import Redactor
-
-    uri, run_id, journal_dir, log_file, local_run_id, trace_id = (argv or sys.argv[1:])[:6]
-    try:  # the run's spec names its secret-looking config values
-        job = json.loads((Path(journal_dir).parent / "spec.json").read_text(encoding="utf-8"))["job"]
-        redactor = Redactor.for_config(job)
-    except (OSError, ValueError, KeyError):
-        redactor = Redactor()
-    undo = setup_logging(LogContext(local_run_id, trace_id, rank=None), log_file,
-                         redactor=redactor, logger_name=LAUNCHER_LOGGER_NAME)
+    run_dir, log_file, engine, extra_tags, max_backoff = (argv or sys.argv[1:])[:5]
+    spec = RunSpec.read(Path(run_dir) / "spec.json")
+    undo = setup_logging(LogContext(spec.run_id, spec.trace_id, rank=None), log_file,
+                         redactor=Redactor.for_config(spec.job), logger_name=LAUNCHER_LOGGER_NAME)
     log = logging.getLogger(f"{LAUNCHER_LOGGER_NAME}.tracking")
-    shipper = JournalShipper(uri, run_id, Path(journal_dir), log).start()
-    line = sys.stdin.readline()  # blocks until the launcher says the attempt ended (or dies)
-    try:
-        timeout = float(line) if line.strip() else 30.0
-    except ValueError:
-        timeout = 30.0
-    left = shipper.close(timeout)
-    print(json.dumps({
-        "left": left,
-        "delivered": shipper.sender.delivered,
-        "cpu_s": process_cpu_s(),
-        "startup_cpu_s": shipper.sender.startup_cpu_s,  # importing mlflow, opening the store
-    }), flush=True)
+    commands = _Commands()
+    config = JobConfig.model_validate(spec.job)
+    run = _open_run(config, spec, engine, json.loads(extra_tags), log, commands, float(max_backoff))
+    shipper = None
+    if run is not None:
+        _emit({"event": "opened", "run_id": run.run_id, "uri": run.uri})
+        startup_cpu_s = process_cpu_s()
+        _idle_priority()  # from here on, only cycles training leaves free
+        run.start_system_metrics(config.tracking.system_metrics_every_s)
+        shipper = JournalShipper(run.client, run.run_id, Path(run_dir) / "tracking", log).start()
+    commands.arrived.wait()
+    command = commands.command or {}
+    timeout = float(command.get("timeout_s", DEFAULT_CLOSE_TIMEOUT_S))
+    report: dict[str, Any] = {"event": "closed", "opened": run is not None, "left": -1, "delivered": None,
+                              "finished": False}
+    if run is not None and shipper is not None:
+        started = time.monotonic()
+        report["left"] = shipper.close(timeout)
+        report["delivered"] = shipper.sender.delivered
+        if command.get("status"):
+            report["error"] = _finish(run, command, log)
+            report["finished"] = report["error"] is None
+        elif run.system_metrics is not None:
+            run.system_metrics.finish()
+        report["close_s"] = round(time.monotonic() - started, 3)
+        report["startup_cpu_s"] = startup_cpu_s
+    report["cpu_s"] = process_cpu_s()
+    _emit(report)
     undo()
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Tail the metric journal and ship new points to MLflow (in the shipper process, ship.py).
+"""Tail the metric journal and ship new points to MLflow (in the tracking process, ship.py).
 
 It starts from the journal's cursor, so points an earlier attempt could not deliver go first.
 """
@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 from scaletrain.tracking.journal import MetricJournal
-from scaletrain.tracking.sender import MetricSender, configure_mlflow_client
+from scaletrain.tracking.sender import MetricSender
 
 __all__ = ["JournalShipper"]
 
@@ -18,15 +19,14 @@ __all__ = ["JournalShipper"]
 class JournalShipper:
     def __init__(
         self,
-        tracking_uri: str,
+        client: Any,
         run_id: str,
         journal_dir: str | Path,
         logger: logging.Logger,
         poll_s: float = 1.0,
     ):
-        configure_mlflow_client()
         self.journal = MetricJournal(journal_dir)
-        self.sender = MetricSender(lambda: _client(tracking_uri), run_id, self.journal, logger)
+        self.sender = MetricSender(lambda: client, run_id, self.journal, logger)
         self._poll = poll_s
         self._offset = 0
         self._cursor = self.journal.sent_cursor()
@@ -56,8 +56,3 @@ class JournalShipper:
         self._read_new()
         return self.sender.close(timeout_s)
 
-
-def _client(uri: str):
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
