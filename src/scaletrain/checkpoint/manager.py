@@ -111,26 +111,27 @@ class CheckpointManager:
 
         state = dcp_io.state_of(model, optimizer)
         if not self.async_save:
-            dcp_io.save(state, str(staging), self.group)
+            written = dcp_io.save(state, str(staging), self.group)
             self._crash_point(step)
-            entries = self._hash_and_publish(name, staging)
+            entries = self._own_files_hashed(staging, written)
+            self.storage.publish(name, staging, list(entries))
             self._commit(name, step, staging, metrics, entries)
             return
         if self._stager is None:
             self._stager = dcp_io.new_stager()
-        future = dcp_io.async_save(state, str(staging), self.group, self._stager)
+        future, written = dcp_io.async_save(state, str(staging), self.group, self._stager)
         pending = _Pending(name, step, staging, metrics, threading.Event())
         threading.Thread(
-            target=self._finish_in_background, args=(pending, future), daemon=True,
+            target=self._finish_in_background, args=(pending, future, written), daemon=True,
             name="scaletrain-ckpt",
         ).start()
         self._pending = pending
 
-    def _finish_in_background(self, pending: _Pending, future: Future) -> None:
+    def _finish_in_background(self, pending: _Pending, future: Future, written: dict) -> None:
         try:
             future.result()
             self._crash_point(pending.step)
-            pending.entries = self._own_files_hashed(pending.staging)
+            pending.entries = self._own_files_hashed(pending.staging, written)
             self.storage.publish(pending.name, pending.staging, list(pending.entries))
         except BaseException as exc:  # reported by the main thread at the commit
             pending.error = exc
@@ -163,18 +164,22 @@ class CheckpointManager:
             raise CheckpointError(f"saving checkpoint {pending.name} failed on another rank")
         self._commit(pending.name, pending.step, pending.staging, pending.metrics, pending.entries or {})
 
-    def _hash_and_publish(self, name: str, staging: Path) -> dict[str, FileEntry]:
-        entries = self._own_files_hashed(staging)
-        self.storage.publish(name, staging, list(entries))
-        return entries
-
-    def _own_files_hashed(self, staging: Path) -> dict[str, FileEntry]:
-        """Each rank hashes the files it wrote (DCP names them ``__<rank>_<n>.distcp``)."""
+    def _own_files_hashed(self, staging: Path, written: dict[str, tuple[int, str]]) -> dict[str, FileEntry]:
+        """The files this rank wrote (DCP names them ``__<rank>_<n>.distcp``), with the hashes
+        taken while DCP wrote them; a file whose size on disk differs from what went through
+        the hash (or that DCP did not write through it) is hashed from disk."""
         own = re.compile(rf"^__{self.rank}_\d+\.distcp$")
         names = [p.name for p in staging.iterdir() if own.match(p.name)]
         if self.rank == 0:
             names += [".metadata", TRAINER_STATE_FILE]
-        return hash_files(staging, sorted(names))
+        entries: dict[str, FileEntry] = {}
+        for name in sorted(names):
+            size, digest = written.get(name, (-1, ""))
+            if size == (staging / name).stat().st_size:
+                entries[name] = FileEntry(size, digest)
+            else:
+                entries.update(hash_files(staging, [name]))
+        return entries
 
     def _commit(self, name: str, step: int, staging: Path, metrics: dict[str, float],
                 entries: dict[str, FileEntry]) -> None:
