@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import re
 import shutil
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +87,7 @@ class CheckpointManager:
         self.group = dist.new_group(backend="gloo") if self.distributed else None
         self._pending: _Pending | None = None
         self._stager: Any = None
+        self._jobs: queue.Queue | None = None  # async saves for the writer thread
         self._retention: threading.Thread | None = None
         self.last_saved_step: int | None = None
 
@@ -119,17 +120,25 @@ class CheckpointManager:
             return
         if self._stager is None:
             self._stager = dcp_io.new_stager()
-        future, written = dcp_io.async_save(state, str(staging), self.group, self._stager)
+            self._jobs = queue.Queue()
+            # A daemon: a save stuck in a collective (another rank died) must not hold up exit.
+            threading.Thread(target=self._write_saves, args=(self._jobs,), daemon=True,
+                             name="scaletrain-ckpt").start()
         pending = _Pending(name, step, staging, metrics, threading.Event())
-        threading.Thread(
-            target=self._finish_in_background, args=(pending, future, written), daemon=True,
-            name="scaletrain-ckpt",
-        ).start()
+        assert self._jobs is not None
+        self._jobs.put((pending, dcp_io.stage(state, self._stager)))  # the copy is the only stall
         self._pending = pending
 
-    def _finish_in_background(self, pending: _Pending, future: Future, written: dict) -> None:
+    def _write_saves(self, jobs: queue.Queue) -> None:
+        """The writer thread: one async save at a time, until close()."""
+        while (job := jobs.get()) is not None:
+            self._write_in_background(*job)
+
+    def _write_in_background(self, pending: _Pending, staged: dict[str, Any]) -> None:
+        from scaletrain.checkpoint import dcp_io
+
         try:
-            future.result()
+            written = dcp_io.save(staged, str(pending.staging), self.group)
             self._crash_point(pending.step)
             pending.entries = self._own_files_hashed(pending.staging, written)
             self.storage.publish(pending.name, pending.staging, list(pending.entries))
@@ -234,6 +243,9 @@ class CheckpointManager:
         self.wait_pending()
         if self._retention is not None:
             self._retention.join()
+        if self._jobs is not None:
+            self._jobs.put(None)
+            self._jobs = None
         if self._stager is not None:
             self._stager.close()
             self._stager = None
