@@ -98,6 +98,11 @@ def rows(results: dict) -> list[dict]:
                 f">= {TARGETS['throughput']}", ratio >= TARGETS["throughput"])
             add(f"time to first step, {model}, local engine (s)", _spread(st["first_step_s"], 1),
                 _spread(raw["first_step_s"], 1) + " (torchrun)", r["first_step_ratio"])
+            if "rank_step_spread" in st:
+                add(f"per-rank step time spread, {model}, {r['workers']} workers (slowest / fastest - 1)",
+                    _spread({k: 100 * v for k, v in st["rank_step_spread"].items() if k != "values"}, 1) + " %",
+                    _spread({k: 100 * v for k, v in raw["rank_step_spread"].items() if k != "values"}, 1)
+                    + " % (torchrun)", "")
             one = r["results"]["scaletrain-1"]["steps_per_s"]
             add(f"scaling, {model}: 1 -> {r['workers']} workers (samples/s efficiency)",
                 f"{_spread(one)} steps/s on 1", "linear", r["scaling_efficiency"])

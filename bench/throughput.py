@@ -12,9 +12,12 @@ median and spread over the repeats.
   scaletrain-1  scaletrain on one worker (one process, no DDP), same per-worker batch
 
 Steps/s are wall-clock over the last two thirds of the steps (checkpoints, tracking and reports
-included; the first third is left out on both sides: start-up, and scaletrain's launcher
-opening the MLflow run while the workers start); time to first step is from the command's
-start to the first finished step.
+included; the first third is left out on both sides: start-up); time to first step is from the
+command's start to the first finished step. Per-rank step time: each rank's median time in its
+step (batch to scheduler step) over its last 1024 steps, from the workers' "worker finished"
+log records and the raw loop's per-rank line; the spread is (slowest - fastest) / fastest
+rank: in synchronous data parallel the ranks wait for each other, so a rank with extra work
+between steps (rank 0 reporting) shows up as the others' longer steps.
 
     .venv/bin/python bench/throughput.py --job examples/tiny_gpt.yaml --repeats 3 --steps 300
 """
@@ -48,8 +51,15 @@ def scaletrain_variant(job: str, steps: int, workers: int, tmp: Path, log_every:
         "checkpoint.every_steps=null", "checkpoint.keep_best=null",
     ])
     first_step_at = summary["started_at"] + summary["time_to_first_step_s"]
+    ranks = []
+    for log in sorted(Path(summary["run_dir"], "logs").glob("worker-*.jsonl")):
+        for line in log.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("message") == "worker finished":
+                ranks.append(record["step_time"]["median_s"])
     return {"first_step_s": first_step_at - started,
-            "steps_per_s": steady_steps_per_s(summary["run_dir"], skip=timed_from(steps, log_every))}
+            "steps_per_s": steady_steps_per_s(summary["run_dir"], skip=timed_from(steps, log_every)),
+            "rank_step_spread": max(ranks) / min(ranks) - 1}
 
 
 def torchrun_variant(job_path: str, steps: int, workers: int, job) -> dict:
@@ -65,11 +75,13 @@ def torchrun_variant(job_path: str, steps: int, workers: int, job) -> dict:
          f"--timed-from={timed_from(steps, t.log_every)}"],
         cwd=REPO, capture_output=True, text=True,
     )
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if not lines:
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    result = next((line for line in lines if "steps_per_s" in line), None)
+    if result is None:
         raise RuntimeError(f"the baseline failed before reporting:\n{out.stderr[-3000:]}")
-    result = json.loads(lines[-1])
-    return {"first_step_s": result["first_step_at"] - started, "steps_per_s": result["steps_per_s"]}
+    ranks = [line["step_time_median_s"] for line in lines if "rank" in line]
+    return {"first_step_s": result["first_step_at"] - started, "steps_per_s": result["steps_per_s"],
+            "rank_step_spread": max(ranks) / min(ranks) - 1}
 
 
 def summarize(rows: list[dict]) -> dict:

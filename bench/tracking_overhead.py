@@ -3,8 +3,8 @@
 1. Critical path, precise. The extra work tracking puts in the training process itself (keep
    each step's values, one journal line per step), in one process: blocks of 200 steps
    alternate between a trainer with tracking off and one logging every step (same model, data
-   and production reporter sinks); median microseconds per step over the blocks. Machine noise
-   hits both alike, so differences of a few microseconds show.
+   and production reporter sinks), in A B B A order (an A/A run showed the second block of a
+   pair 50-90 us slower on this machine); median microseconds per step over the blocks.
 2. Tracker CPU. What delivering the points costs, off the training processes: the metric
    shipper's CPU-seconds after its start-up (it reports them in launcher.jsonl) and, for the
    server variant, the `mlflow server` process tree's, per training step. On a machine with a core to spare (a GPU
@@ -110,9 +110,10 @@ def critical_path(job_file: str, blocks: int) -> dict:
     for t in (off, on):  # warm up
         block(t)
     times: dict[str, list[float]] = {"off": [], "every step": []}
-    for _ in range(blocks):
-        times["off"].append(block(off))
-        times["every step"].append(block(on))
+    for index in range(blocks):  # A B B A ...: the second block of a pair runs slower here
+        pair = [("off", off), ("every step", on)]
+        for name, t in pair if index % 2 == 0 else reversed(pair):
+            times[name].append(block(t))
     for t in (off, on):
         t.reporter.on_end()
     med = {name: statistics.median(v) * 1e6 for name, v in times.items()}

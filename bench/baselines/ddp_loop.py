@@ -4,8 +4,10 @@ sides do exactly the same arithmetic, the per-step accuracy included).
 
 Written as a competent user would: DistributedSampler and DataLoader, AdamW with decay on
 matrices only, linear warmup then cosine to ``min_lr_ratio``, gradient clipping, the loss and
-metrics kept on the device and all-reduced only every ``log_every`` steps. Prints one JSON
-line: the time of the first finished step and steady-state steps/s (from step ``--timed-from``).
+metrics kept on the device and all-reduced only every ``log_every`` steps. Rank 0 prints one
+JSON line: the time of the first finished step and steady-state steps/s (from step
+``--timed-from``); every rank prints the median time of its steps (batch to scheduler step,
+as scaletrain's workers time theirs) over the last 1024.
 
     torchrun --standalone --nproc-per-node 2 bench/baselines/ddp_loop.py --example digits --steps 600
 """
@@ -14,8 +16,10 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -75,8 +79,10 @@ def main() -> None:
     step, epoch = 0, 0
     first_step_at = None
     timed_from = None
+    recent: deque[float] = deque(maxlen=1024)
     while step < args.steps:
         sampler.set_epoch(epoch)
+        started = time.perf_counter()
         for batch in loader:
             loss, metrics = task.loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
@@ -84,6 +90,7 @@ def main() -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             optimizer.step()
             scheduler.step()
+            recent.append(time.perf_counter() - started)
             step += 1
             if step == 1:
                 first_step_at = time.time()
@@ -96,8 +103,10 @@ def main() -> None:
                     print(f"step {step} loss {values[0].item() / world:.4f}", flush=True)
             if step >= args.steps:
                 break
+            started = time.perf_counter()
         epoch += 1
     elapsed = time.perf_counter() - timed_from[0]
+    print(json.dumps({"rank": rank, "step_time_median_s": statistics.median(recent)}), flush=True)
     if rank == 0:
         print(json.dumps({
             "first_step_at": first_step_at,

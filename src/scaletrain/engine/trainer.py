@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +55,13 @@ class TrainResult:
     preempted: str | None = None  # the signal that stopped training early, after a checkpoint
     last_checkpoint_step: int | None = None
     strategy: str = ""  # what ran (scale.strategy auto resolves in the workers)
+    # This rank's time in train_step over its last steps (median, p90, how many): ranks that
+    # wait for a slower one in a collective show it here (rank 0's reporting shows as the
+    # others' wait). Host time: on GPUs, kernels still running at the step's end are not in it.
+    step_time: dict[str, float] = field(default_factory=dict)
+
+
+_STEP_TIMES_KEPT = 1024  # the steady state: the last steps, not the start-up
 
 
 class Trainer:
@@ -143,9 +152,12 @@ class Trainer:
                              strategy=self.job.scale.resolved_strategy)
         self.reporter.on_start(total_steps=self.max_steps, start_step=self.step)
         window = _Window(time.perf_counter(), self.step)
+        recent: deque[float] = deque(maxlen=_STEP_TIMES_KEPT)
         self.model.train()
         while self.step < self.max_steps:
+            started = time.perf_counter()
             step_out = self.train_step(batches, report=self._due(self.report_every))
+            recent.append(time.perf_counter() - started)
             self.step += 1
             window.add(step_out, self.step)
             if result.first_step_at is None:
@@ -166,6 +178,7 @@ class Trainer:
             self.checkpoints.close()
             result.last_checkpoint_step = self.checkpoints.last_saved_step
         result.steps = self.step
+        result.step_time = _step_time_summary(recent)
         # Collective for sharded strategies: every rank takes part, rank 0 gets the weights.
         self.final_state = self.strategy.full_state_dict(self.model)
         result.weights_sha256 = state_dict_sha256(self.final_state) if self.env.is_main else ""
@@ -382,6 +395,14 @@ class Trainer:
             lambda x: x.to(self.device, non_blocking=True) if isinstance(x, torch.Tensor) else x,
             batch,
         )
+
+
+def _step_time_summary(times: deque[float]) -> dict[str, float]:
+    if not times:
+        return {}
+    ordered = sorted(times)
+    return {"median_s": statistics.median(ordered), "p90_s": ordered[int(0.9 * (len(ordered) - 1))],
+            "steps": len(ordered)}
 
 
 def _mean_loss(losses: list[torch.Tensor]) -> torch.Tensor:

@@ -121,7 +121,7 @@ def run_worker(
                 # Free DDP and its communication state while every peer is still connected:
                 # a reducer torn down after the group is gone can block on a departed rank.
                 gc.collect()
-        log.info("worker finished", extra={"steps": result.steps})
+        log.info("worker finished", extra={"steps": result.steps, "step_time": result.step_time})
         return asdict(result)
     except BaseException as exc:
         # The launcher shows the user one line for the failure; the console needs no copy.
