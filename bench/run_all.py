@@ -27,11 +27,12 @@ from common import REPO  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 # name: (script, quick args, full args)
 BENCHES = {
-    "throughput_digits": ("throughput.py", ["--job", "examples/digits.yaml", "--repeats", "3", "--steps", "2400"],
-                          ["--job", "examples/digits.yaml", "--repeats", "5", "--steps", "1500"]),
+    "throughput_digits": ("throughput.py", ["--job", "examples/digits.yaml", "--repeats", "3", "--steps", "1800",
+                                            "--no-scaling"],
+                          ["--job", "examples/digits.yaml", "--repeats", "5", "--steps", "3000"]),
     "throughput_tiny_gpt": ("throughput.py", ["--job", "examples/tiny_gpt.yaml", "--repeats", "3", "--steps", "300"],
                             ["--job", "examples/tiny_gpt.yaml", "--repeats", "5", "--steps", "600"]),
-    "tracking": ("tracking_overhead.py", ["--repeats", "2", "--steps", "600", "--blocks", "8"],
+    "tracking": ("tracking_overhead.py", ["--repeats", "2", "--steps", "600", "--blocks", "8", "--workers", "2"],
                  ["--repeats", "4", "--steps", "3000", "--blocks", "30"]),
     "checkpoints": ("checkpoint_io.py", ["--repeats", "3", "--states", "digits_mlp,tiny_gpt,mlp_50m"],
                     ["--repeats", "5"]),
@@ -103,9 +104,10 @@ def rows(results: dict) -> list[dict]:
                     _spread({k: 100 * v for k, v in st["rank_step_spread"].items() if k != "values"}, 1) + " %",
                     _spread({k: 100 * v for k, v in raw["rank_step_spread"].items() if k != "values"}, 1)
                     + " % (torchrun)", "")
-            one = r["results"]["scaletrain-1"]["steps_per_s"]
-            add(f"scaling, {model}: 1 -> {r['workers']} workers (samples/s efficiency)",
-                f"{_spread(one)} steps/s on 1", "linear", r["scaling_efficiency"])
+            if "scaletrain-1" in r["results"]:
+                one = r["results"]["scaletrain-1"]["steps_per_s"]
+                add(f"scaling, {model}: 1 -> {r['workers']} workers (samples/s efficiency)",
+                    f"{_spread(one)} steps/s on 1", "linear", r["scaling_efficiency"])
     r = results.get("ray", {})
     if "results" in r:
         st, raw = r["results"]["scaletrain ray"], r["results"]["plain Ray Train"]

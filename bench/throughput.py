@@ -96,18 +96,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--no-scaling", action="store_true", help="skip the 1-worker runs")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
     from scaletrain.config.loading import load_job
 
     config = load_job(REPO / args.job, [])
     job, every = str(REPO / args.job), config.train.log_every
-    runs: dict[str, list[dict]] = {"torchrun": [], "scaletrain": [], "scaletrain-1": []}
+    runs: dict[str, list[dict]] = {"torchrun": [], "scaletrain": []}
+    if not args.no_scaling:
+        runs["scaletrain-1"] = []
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             runs["torchrun"].append(torchrun_variant(args.job, args.steps, args.workers, config))
             runs["scaletrain"].append(scaletrain_variant(job, args.steps, args.workers, Path(tmp), every))
-            runs["scaletrain-1"].append(scaletrain_variant(job, args.steps, 1, Path(tmp), every))
+            if "scaletrain-1" in runs:
+                runs["scaletrain-1"].append(scaletrain_variant(job, args.steps, 1, Path(tmp), every))
     table = {name: summarize(rows) for name, rows in runs.items()}
     med = {name: t["steps_per_s"]["median"] for name, t in table.items()}
     paired = [s["steps_per_s"] / r["steps_per_s"] for s, r in zip(runs["scaletrain"], runs["torchrun"])]
@@ -118,7 +122,7 @@ def main() -> None:
         "steps_per_s_ratio_paired": {"median": statistics.median(paired), "min": min(paired), "max": max(paired)},
         "first_step_ratio": table["scaletrain"]["first_step_s"]["median"] / table["torchrun"]["first_step_s"]["median"],
         # samples/s with N workers over N x samples/s with one: 1.0 is linear scaling
-        "scaling_efficiency": med["scaletrain"] / (args.workers * med["scaletrain-1"]),
+        "scaling_efficiency": med["scaletrain"] / (args.workers * med["scaletrain-1"]) if "scaletrain-1" in med else None,
     }, args.out)
 
 

@@ -44,12 +44,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3000, help="steps with 2 workers (1: twice)")
     parser.add_argument("--blocks", type=int, default=30, help="critical-path blocks per variant")
+    parser.add_argument("--workers", default="2,1", help="end-to-end worker counts (1: twice the steps)")
     parser.add_argument("--job", default="examples/digits.yaml")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
     result = {"job": args.job, "steps": args.steps, "repeats": args.repeats,
               "critical_path": critical_path(args.job, args.blocks)}
-    result["end_to_end"] = end_to_end(args.job, args.steps, args.repeats)
+    result["end_to_end"] = end_to_end(args.job, args.steps, args.repeats,
+                                      [int(w) for w in args.workers.split(",")])
     step_us = 1e6 / result["end_to_end"]["workers=2"]["steps_per_s"]["off"]["median"]
     result["critical_path"]["extra_vs_2_worker_step"] = result["critical_path"]["extra_us_per_step"] / step_us
     emit(result, args.out)
@@ -131,13 +133,13 @@ def critical_path(job_file: str, blocks: int) -> dict:
 
 # ---------------------------------------------------------------------- 2 + 3. end to end
 
-def end_to_end(job: str, steps: int, repeats: int) -> dict:
+def end_to_end(job: str, steps: int, repeats: int, worker_counts: list[int]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         server = MlflowServer(tmp).start()
         try:
             out = {}
-            for workers in (2, 1):  # 1 worker steps about twice as fast: twice the steps
+            for workers in worker_counts:  # 1 worker steps about twice as fast: twice the steps
                 out[f"workers={workers}"] = _compare(job, steps * (3 - workers), repeats, workers, tmp, server)
         finally:
             server.stop()
