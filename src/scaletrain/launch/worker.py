@@ -170,7 +170,7 @@ def _checkpoints(spec: RunSpec, job: JobConfig, env: DistEnv, faults: FaultPlan)
         identity={
             "run_id": spec.run_id,
             "run_dir": spec.run_dir,
-            # Opened by the launcher while the workers start: read when a checkpoint is written.
+            # Opened by the tracking process while the workers start: read when a checkpoint is written.
             "mlflow_run_id": lambda: (recorded_run(spec.run_dir) or {}).get("run_id"),
             "config_hash": config_hash(job),
             "versions": {"scaletrain": __version__, "torch": torch.__version__},
