@@ -277,9 +277,13 @@ def test_cli_json_against_a_server_prints_only_the_summary(tmp_path, mlflow_serv
 
 
 def test_system_metrics_are_sampled_while_training(tmp_path):
+    # The sampler starts once the tracking process has opened the run (importing MLflow takes
+    # seconds, creating a new store's tables as many again): the store exists beforehand, as
+    # it does after a user's first run, and training lasts a few seconds past the opening.
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(uri).search_experiments()
     summary = scaletrain.run(tracked_job(
-        tmp_path, uri, task={"args": {"step_sleep": 0.05}}, train={"max_steps": 60, "log_every": 20},
+        tmp_path, uri, task={"args": {"step_sleep": 0.05}}, train={"max_steps": 120, "log_every": 20},
         tracking={"system_metrics_every_s": 0.5},
     ))
     client, run = the_run(uri, summary)
