@@ -27,14 +27,14 @@ from common import REPO  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 # name: (script, quick args, full args)
 BENCHES = {
-    "throughput_digits": ("throughput.py", ["--job", "examples/digits.yaml", "--repeats", "3", "--steps", "1800",
+    "throughput_digits": ("throughput.py", ["--job", "examples/digits.yaml", "--repeats", "2", "--steps", "3000",
                                             "--no-scaling"],
                           ["--job", "examples/digits.yaml", "--repeats", "5", "--steps", "3000"]),
-    "throughput_tiny_gpt": ("throughput.py", ["--job", "examples/tiny_gpt.yaml", "--repeats", "3", "--steps", "300"],
+    "throughput_tiny_gpt": ("throughput.py", ["--job", "examples/tiny_gpt.yaml", "--repeats", "2", "--steps", "450"],
                             ["--job", "examples/tiny_gpt.yaml", "--repeats", "5", "--steps", "600"]),
     "tracking": ("tracking_overhead.py", ["--repeats", "2", "--steps", "600", "--blocks", "8", "--workers", "2"],
                  ["--repeats", "4", "--steps", "3000", "--blocks", "30"]),
-    "checkpoints": ("checkpoint_io.py", ["--repeats", "3", "--states", "digits_mlp,tiny_gpt,mlp_50m"],
+    "checkpoints": ("checkpoint_io.py", ["--repeats", "2", "--states", "digits_mlp,tiny_gpt,mlp_50m"],
                     ["--repeats", "5"]),
     "recovery": ("recovery_time.py", ["--repeats", "1", "--variants", "scaletrain,torchrun"],
                  ["--repeats", "3"]),

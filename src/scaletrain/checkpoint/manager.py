@@ -119,14 +119,14 @@ class CheckpointManager:
             self._commit(name, step, staging, metrics, entries)
             return
         if self._stager is None:
-            self._stager = dcp_io.new_stager()
+            self._stager = dcp_io.Stager()
             self._jobs = queue.Queue()
             # A daemon: a save stuck in a collective (another rank died) must not hold up exit.
             threading.Thread(target=self._write_saves, args=(self._jobs,), daemon=True,
                              name="scaletrain-ckpt").start()
         pending = _Pending(name, step, staging, metrics, threading.Event())
         assert self._jobs is not None
-        self._jobs.put((pending, dcp_io.stage(state, self._stager)))  # the copy is the only stall
+        self._jobs.put((pending, self._stager.stage(state)))  # the copy is the only stall
         self._pending = pending
 
     def _write_saves(self, jobs: queue.Queue) -> None:
