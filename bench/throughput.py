@@ -1,7 +1,7 @@
 """Training throughput and time to first step: scaletrain against a hand-written DDP loop under
 torchrun (bench/baselines/ddp_loop.py) on the same example job, and scaletrain on 1 worker
-against 2 (scaling). Interleaved (A B C A B C ...), so machine noise hits every variant alike;
-median and spread over the repeats.
+against 2 (scaling). Interleaved (A B C, C B A, ...), so machine noise and position hit every
+variant alike; median and spread over the repeats.
 
   scaletrain    `scaletrain run` with tracking and checkpointing at their defaults: metrics every
                 train.log_every steps to an embedded sqlite store, a verified checkpoint at the end (after the
@@ -11,6 +11,8 @@ median and spread over the repeats.
   torchrun      torchrun --standalone on the raw loop: same model, data, loss and metrics,
                 batch, optimizer, schedule, clipping and seed; no tracking, no checkpoints
   scaletrain-1  scaletrain on one worker (one process, no DDP), same per-worker batch
+  untracked     (--with-tracking-off) scaletrain with tracking off: tells tracking's share of a
+                gap from the rest of scaletrain's
 
 Steps/s are wall-clock over the last two thirds of the steps (checkpoints, tracking and reports
 included; the first third is left out on both sides: start-up); time to first step is from the
@@ -44,12 +46,13 @@ def timed_from(steps: int, log_every: int) -> int:
     return max(log_every, steps // 3 // log_every * log_every)
 
 
-def scaletrain_variant(job: str, steps: int, workers: int, tmp: Path, log_every: int, store: Path) -> dict:
+def scaletrain_variant(job: str, steps: int, workers: int, tmp: Path, log_every: int, store: Path,
+                       tracking: bool = True) -> dict:
     started = time.time()
     summary = run_scaletrain(job, [
         f"train.max_steps={steps}", "train.epochs=null", "train.eval_every=null",
         f"scale.workers={workers}", f"run_dir={tmp / 'runs'}",
-        "tracking.enabled=true", f"tracking.uri=sqlite:///{store / 'mlflow.db'}",
+        f"tracking.enabled={str(tracking).lower()}", f"tracking.uri=sqlite:///{store / 'mlflow.db'}",
         "checkpoint.every_steps=null", "checkpoint.keep_best=null",
     ])
     first_step_at = summary["started_at"] + summary["time_to_first_step_s"]
@@ -111,6 +114,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-scaling", action="store_true", help="skip the 1-worker runs")
+    parser.add_argument("--with-tracking-off", action="store_true", help="also scaletrain with tracking off")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
     from scaletrain.config.loading import load_job
@@ -122,14 +126,22 @@ def main() -> None:
 
     MlflowClient(f"sqlite:///{store / 'mlflow.db'}").search_experiments()  # creates the tables
     runs: dict[str, list[dict]] = {"torchrun": [], "scaletrain": []}
+    if args.with_tracking_off:
+        runs["untracked"] = []
     if not args.no_scaling:
         runs["scaletrain-1"] = []
-    for _ in range(args.repeats):
+    for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
-            runs["torchrun"].append(torchrun_variant(args.job, args.steps, args.workers, config))
-            runs["scaletrain"].append(scaletrain_variant(job, args.steps, args.workers, Path(tmp), every, store))
-            if "scaletrain-1" in runs:
-                runs["scaletrain-1"].append(scaletrain_variant(job, args.steps, 1, Path(tmp), every, store))
+            variants = {
+                "torchrun": lambda: torchrun_variant(args.job, args.steps, args.workers, config),
+                "scaletrain": lambda: scaletrain_variant(job, args.steps, args.workers, Path(tmp), every, store),
+                "untracked": lambda: scaletrain_variant(job, args.steps, args.workers, Path(tmp), every, store,
+                                                        tracking=False),
+                "scaletrain-1": lambda: scaletrain_variant(job, args.steps, 1, Path(tmp), every, store),
+            }
+            order = [name for name in variants if name in runs]
+            for name in order if repeat % 2 == 0 else reversed(order):  # A B C, then C B A
+                runs[name].append(variants[name]())
     shutil.rmtree(store, ignore_errors=True)
     table = {name: summarize(rows) for name, rows in runs.items()}
     med = {name: t["steps_per_s"]["median"] for name, t in table.items()}
@@ -139,6 +151,7 @@ def main() -> None:
         "results": table,
         "steps_per_s_ratio": med["scaletrain"] / med["torchrun"],
         "steps_per_s_ratio_paired": {"median": statistics.median(paired), "min": min(paired), "max": max(paired)},
+        "untracked_steps_per_s_ratio": med["untracked"] / med["torchrun"] if "untracked" in med else None,
         "first_step_ratio": table["scaletrain"]["first_step_s"]["median"] / table["torchrun"]["first_step_s"]["median"],
         # samples/s with N workers over N x samples/s with one: 1.0 is linear scaling
         "scaling_efficiency": med["scaletrain"] / (args.workers * med["scaletrain-1"]) if "scaletrain-1" in med else None,

@@ -53,7 +53,8 @@ def main() -> None:
     result["end_to_end"] = end_to_end(args.job, args.steps, args.repeats,
                                       [int(w) for w in args.workers.split(",")])
     step_us = 1e6 / result["end_to_end"]["workers=2"]["steps_per_s"]["off"]["median"]
-    result["critical_path"]["extra_vs_2_worker_step"] = result["critical_path"]["extra_us_per_step"] / step_us
+    crit = result["critical_path"]
+    crit["extra_vs_2_worker_step"] = crit["extra_paired_median"] * crit["us_per_step"]["off"] / step_us
     emit(result, args.out)
 
 
@@ -77,7 +78,7 @@ def critical_path(job_file: str, blocks: int) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="st-bench-"))
     job_path = (REPO / job_file).resolve()
 
-    def trainer(tracking: bool) -> Trainer:
+    def reporter_and_job(tracking: bool):
         job = load_job(job_path, [
             "scale.workers=1", "train.epochs=null", "train.max_steps=100000000",
             "train.eval_every=null", "train.log_every=20",
@@ -87,45 +88,60 @@ def critical_path(job_file: str, blocks: int) -> dict:
                               python_path=[str(job_path.parent)])
         Path(spec.run_dir).mkdir(parents=True)
         env = DistEnv()
-        reporter = _reporter_for(env, spec, job, LogContext(spec.run_id, spec.trace_id, 0))
-        task = build_task(job.task.target, job.task.args, spec.python_path)
-        built = Trainer(job, task, env, choose_placement(env), reporter)  # no checkpoints
-        built.bench_batches = iter(train_loader(
-            built.train_set, built.layout, rank=0, seed=job.seed, shuffle=True, start_step=0,
-            stop_step=built.max_steps, loader_workers=0, collate=built.collate, pin_memory=False,
-        ))
-        reporter.on_start(built.max_steps, 0)
-        built.bench_window, built.bench_result = _Window(time.perf_counter(), 0), TrainResult(steps=0)
-        return built
+        return _reporter_for(env, spec, job, LogContext(spec.run_id, spec.trace_id, 0)), job, spec
 
-    def block(t: Trainer) -> float:
-        """The loop of Trainer.fit, for BLOCK_STEPS steps; seconds per step."""
-        started = time.perf_counter()
+    # One trainer, its reporting switched between the two settings: two trainer instances
+    # differ by up to +-100 us per step here on their own (an A/A run), memory placement.
+    on_reporter, job, spec = reporter_and_job(True)
+    off_reporter, off_job, _ = reporter_and_job(False)
+    env = DistEnv()
+    task = build_task(job.task.target, job.task.args, spec.python_path)
+    shared = Trainer(job, task, env, choose_placement(env), on_reporter)  # no checkpoints
+    shared.bench_batches = iter(train_loader(
+        shared.train_set, shared.layout, rank=0, seed=job.seed, shuffle=True, start_step=0,
+        stop_step=shared.max_steps, loader_workers=0, collate=shared.collate, pin_memory=False,
+    ))
+    settings = {"off": (off_reporter, off_job.train.log_every), "every step": (on_reporter, shared.report_every)}
+    for reporter, _ in settings.values():
+        reporter.on_start(shared.max_steps, 0)
+    shared.bench_window, shared.bench_result = _Window(time.perf_counter(), 0), TrainResult(steps=0)
+
+    def block(setting: str) -> tuple[float, float]:
+        """The loop of Trainer.fit, for BLOCK_STEPS steps; wall and CPU seconds per step."""
+        t = shared
+        t.reporter, t.report_every = settings[setting]
+        started, cpu = time.perf_counter(), time.thread_time()
         for _ in range(BLOCK_STEPS):
             out = t.train_step(t.bench_batches, report=t._due(t.report_every))
             t.step += 1
             t.bench_window.add(out, t.step)
             t._between_steps(t.bench_window, t.bench_result)
-        return (time.perf_counter() - started) / BLOCK_STEPS
+        return (time.perf_counter() - started) / BLOCK_STEPS, (time.thread_time() - cpu) / BLOCK_STEPS
 
-    off, on = trainer(False), trainer(True)
-    for t in (off, on):  # warm up
-        block(t)
+    for setting in settings:  # warm up
+        block(setting)
     times: dict[str, list[float]] = {"off": [], "every step": []}
+    cpu: dict[str, list[float]] = {"off": [], "every step": []}
     for index in range(blocks):  # A B B A ...: the second block of a pair runs slower here
-        pair = [("off", off), ("every step", on)]
-        for name, t in pair if index % 2 == 0 else reversed(pair):
-            times[name].append(block(t))
-    for t in (off, on):
-        t.reporter.on_end()
+        pair = ["off", "every step"]
+        for name in pair if index % 2 == 0 else reversed(pair):
+            wall, used = block(name)
+            times[name].append(wall)
+            cpu[name].append(used)
+    for reporter, _ in settings.values():
+        reporter.on_end()
     med = {name: statistics.median(v) * 1e6 for name, v in times.items()}
-    paired = [b / a - 1 for a, b in zip(times["off"], times["every step"])]
+    med_cpu = {name: statistics.median(v) * 1e6 for name, v in cpu.items()}
+    paired = [b / a - 1 for a, b in zip(cpu["off"], cpu["every step"])]
     return {
-        "what": "one process, 1 thread, alternating blocks of 200 steps; tracking's extra work "
-                "in the training process (the journal line per step included)",
-        "us_per_step": {name: round(v, 1) for name, v in med.items()},
-        "extra_us_per_step": round(med["every step"] - med["off"], 1),
-        "extra_vs_1_process_step": med["every step"] / med["off"] - 1,
+        "what": "one process, 1 thread, one trainer, alternating blocks of 200 steps; tracking's extra work "
+                "in the training process (the journal line per step included), in the training "
+                "thread's CPU time (time.thread_time: what another tenant's load does not inflate)",
+        "us_per_step": {name: round(v, 1) for name, v in med_cpu.items()},
+        "wall_us_per_step": {name: round(v, 1) for name, v in med.items()},
+        "extra_us_per_step": round(med_cpu["every step"] - med_cpu["off"], 1),
+        "extra_wall_us_per_step": round(med["every step"] - med["off"], 1),
+        "extra_vs_1_process_step": med_cpu["every step"] / med_cpu["off"] - 1,
         "extra_paired_median": statistics.median(paired),
         "blocks": blocks,
     }
