@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -23,6 +24,8 @@ from scaletrain.config.schema import JobConfig
 __all__ = ["TrackingSession", "recorded_run"]
 
 RUN_FILE = "mlflow_run.json"
+EXTRA_TAGS_ENV = "_SCALETRAIN_TRACKING_EXTRA_TAGS"
+ARTIFACTS_TIMEOUT_S = 600.0
 
 
 def recorded_run(run_dir: str | Path) -> dict[str, str] | None:
@@ -52,9 +55,10 @@ class TrackingSession:
         """Start the tracking process (it reads the run's spec.json, written before)."""
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "scaletrain.tracking.ship", str(self.run_dir),
-             str(self.spec.logs_dir / "launcher.jsonl"), self.engine, json.dumps(self.extra_tags or {}),
-             str(self._max_backoff)],
+             str(self.spec.logs_dir / "launcher.jsonl"), self.engine, str(self._max_backoff)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            # In the environment, not the command line: other users can read a command line.
+            env={**os.environ, EXTRA_TAGS_ENV: json.dumps(self.extra_tags or {})},
         )
         threading.Thread(target=self._read, name="scaletrain-tracking", daemon=True).start()
         return self
@@ -97,8 +101,8 @@ class TrackingSession:
             self._proc.stdin.close()
         except OSError:  # it is gone: what it reported (or not) is all there is
             pass
-        # Delivery gets ``timeout``; the artifacts and the final status a while more.
-        if not self._exited.wait(timeout + 120):
+        # Delivery gets ``timeout``; uploading the artifacts (the weights, twice) gets more.
+        if not self._exited.wait(timeout + ARTIFACTS_TIMEOUT_S):
             self._proc.kill()
         self._proc.wait()
         report = self._report

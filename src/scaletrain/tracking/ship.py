@@ -130,9 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     from scaletrain.tracking.logs import LAUNCHER_LOGGER_NAME, LogContext, setup_logging
     from scaletrain.tracking.redact import Redactor
     from scaletrain.tracking.sender import process_cpu_s
+    from scaletrain.tracking.session import EXTRA_TAGS_ENV
     from scaletrain.tracking.shipper import JournalShipper
 
-    run_dir, log_file, engine, extra_tags, max_backoff = (argv or sys.argv[1:])[:5]
+    run_dir, log_file, engine, max_backoff = (argv or sys.argv[1:])[:4]
+    extra_tags = os.environ.pop(EXTRA_TAGS_ENV, "{}")
     spec = RunSpec.read(Path(run_dir) / "spec.json")
     undo = setup_logging(LogContext(spec.run_id, spec.trace_id, rank=None), log_file,
                          redactor=Redactor.for_config(spec.job), logger_name=LAUNCHER_LOGGER_NAME)
