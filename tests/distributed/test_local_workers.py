@@ -89,6 +89,10 @@ def test_cli_run_json_clean_exit_and_worker_logs(tmp_path):
         # Cores are split between the workers, as torchrun would, not oversubscribed.
         assert started["threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
         assert started["backend"] == "gloo" and started["world_size"] == 2
+        # Every rank reports its own step times (the bench's per-rank spread reads them).
+        finished = next(r for r in records if r["message"] == "worker finished")
+        assert finished["steps"] == 6 and finished["step_time"]["steps"] == 6
+        assert 0 < finished["step_time"]["median_s"] <= finished["step_time"]["p90_s"]
     # stderr is not a terminal here, so the workers' JSON lines reach it too.
     stderr_records = [json.loads(l) for l in result.stderr.splitlines() if l.startswith("{")]
     assert {r["rank"] for r in stderr_records} == {0, 1}
