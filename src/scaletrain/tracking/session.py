@@ -46,7 +46,7 @@ class TrackingSession:
         self.run_id: str | None = None
         self._max_backoff = max_backoff_s
         self._proc: subprocess.Popen | None = None
-        self._opened = threading.Event()
+        self._settled = threading.Event()  # the run is open, or the process has ended
         self._exited = threading.Event()
         self._report: dict[str, Any] | None = None
         self._deadline: float | None = None  # set when the attempt ends
@@ -73,17 +73,17 @@ class TrackingSession:
             if message.get("event") == "opened":
                 self.run_id = message["run_id"]
                 self.spec.tracking_uri, self.spec.tracking_run_id = message["uri"], message["run_id"]
-                self._opened.set()
+                self._settled.set()
             elif message.get("event") == "closed":
                 self._report = message
         self._exited.set()
+        self._settled.set()
 
     def finish_opening(self) -> str | None:
         """At the end of the attempt: give a run still being opened up to
         ``tracking.flush_timeout_s``; returns its id, or None if the tracker never answered."""
         self._deadline = time.monotonic() + self.config.tracking.flush_timeout_s
-        while not (self._opened.is_set() or self._exited.is_set()) and time.monotonic() < self._deadline:
-            self._opened.wait(0.05)
+        self._settled.wait(self.config.tracking.flush_timeout_s)
         return self.run_id
 
     def close(self, summary: dict[str, Any], status: str, artifacts: list[tuple[Path, str | None]]) -> None:
