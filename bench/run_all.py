@@ -1,7 +1,7 @@
 """`make bench`: every benchmark, scaletrain against the raw tool, in one run on this machine;
 writes bench/results/latest.json, docs/benchmarks.md (the table) and docs/benchmarks.png.
 
-    .venv/bin/python bench/run_all.py            # quick: about 8 minutes on 2 cores
+    .venv/bin/python bench/run_all.py            # quick: 8-10 minutes on 2 cores
     .venv/bin/python bench/run_all.py --full     # more steps and repeats
     .venv/bin/python bench/run_all.py --only throughput_digits,checkpoints
     .venv/bin/python bench/run_all.py --render   # rebuild the report (after editing docs/benchmarks-notes.md)
