@@ -5,8 +5,9 @@ so neither the launcher nor a worker ever imports MLflow, and none of that start
 import, ~2 s more to create a new sqlite store's tables) lands in the training window. Once
 the run is open it drops to SCHED_IDLE and tails the metric journal, sending it in batches
 (MLflow's ingestion costs ~0.15 ms of CPU per point on sqlite: bench/tracking_overhead.py),
-with MLflow's system-metrics sampler beside it. When the tracker does not answer, it warns once and keeps
-trying with backoff while training goes on; the journal keeps every point meanwhile.
+with MLflow's system-metrics sampler beside it. When the tracker does not answer, it warns
+once and keeps trying with backoff while training goes on; the journal keeps every point
+meanwhile.
 
 Protocol with the launcher (tracking/session.py): it prints one JSON line when the run is
 open (``{"event": "opened", "run_id", "uri"}``) and one when it is done (``{"event":
