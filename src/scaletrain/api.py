@@ -78,15 +78,16 @@ def resume(
     from scaletrain.launch.resume import prepare_resume
 
     started_at = started_at or time.time()
-    spec = prepare_resume(str(target), overrides)
+    spec, notes = prepare_resume(str(target), overrides)
     config = JobConfig.model_validate(spec.job)
-    return _launch(config, spec, started_at, None)
+    return _launch(config, spec, started_at, None, notes)
 
 
 def _launch(
-    config: JobConfig, spec: Any, started_at: float, tracking_tags: dict[str, str] | None
+    config: JobConfig, spec: Any, started_at: float, tracking_tags: dict[str, str] | None,
+    notes: list[str] = (),
 ) -> dict[str, Any]:
-    from scaletrain.distributed.device import threads_per_worker
+    from scaletrain.distributed.device import check_local_workers, threads_per_worker
     from scaletrain.launch import launcher_for
     from scaletrain.task import check_task_target
 
@@ -98,6 +99,8 @@ def _launch(
 
         open_storage(config.checkpoint.dir)
     spec.job = config.model_dump(mode="json")
+    if config.scale.engine == "local":
+        check_local_workers(config.scale.workers, config.scale.backend)
     if config.scale.engine == "ray":  # the CPUs Ray reserves for each worker
         spec.threads = config.scale.threads_per_worker or max(1, int(config.scale.cpus_per_worker))
     else:
@@ -112,6 +115,8 @@ def _launch(
         redactor=Redactor.for_config(spec.job),
         logger_name=LAUNCHER_LOGGER_NAME,
     )
+    for note in notes:  # on the console and in launcher.jsonl
+        logging.getLogger(LAUNCHER_LOGGER_NAME).warning("%s", note)
     try:
         return _run_attempt(config, spec, launcher, started_at, tracking_tags)
     finally:

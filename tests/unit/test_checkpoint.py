@@ -166,14 +166,29 @@ def test_time_based_checkpoints(tmp_path):
     assert "step-00000030" not in names
 
 
-def test_a_checkpoint_with_another_global_batch_is_refused(tmp_path, monkeypatch):
+def test_resume_at_another_batch_size_keeps_the_global_batch_or_says_why_not(tmp_path, monkeypatch):
     job = toy_job(tmp_path, train={"max_steps": 30})
     monkeypatch.setenv(FAULT_ENV, "sigusr1:rank=0:step=12")
     with pytest.raises(RunPreempted) as info:
         scaletrain.run(job)
     monkeypatch.delenv(FAULT_ENV)
+    with pytest.raises(ConfigError) as refused:
+        scaletrain.resume(info.value.run_dir, ["data.batch_size=6"])
+    assert str(refused.value) == (
+        "this run trains with a global batch of 16 samples; data.batch_size 6 does not divide it: "
+        "use one that does")
+    with pytest.raises(ConfigError) as refused:
+        scaletrain.resume(info.value.run_dir, ["data.batch_size=4", "scale.workers=3"])
+    assert "data.batch_size 4 x scale.workers 3 cannot make it up with whole accumulation steps: " \
+        "with data.batch_size 4 use scale.workers in [1, 2, 4]" in str(refused.value)
+    summary = scaletrain.resume(info.value.run_dir, ["data.batch_size=8"])
+    assert summary["status"] == "finished" and summary["resumed_from_step"] == 12
+    launcher_log = Path(summary["run_dir"], "logs", "launcher.jsonl").read_text()
+    assert ("train.grad_accum 1 -> 2 keeps the global batch of 16 samples") in launcher_log
+    # A checkpoint whose global batch the job cannot have (the job file was changed by hand)
+    # is still refused by the workers.
     with pytest.raises(ScaletrainError) as refused:
-        scaletrain.resume(info.value.run_dir, ["data.batch_size=8"])
+        scaletrain.resume(info.value.run_dir, ["data.batch_size=8", "train.grad_accum=1"])
     assert "was trained with a global batch of 16 samples, this job has 8" in str(refused.value)
 
 

@@ -145,7 +145,13 @@ class Stager:
             staged = self._copy(state, ())
         except _NotPlain:
             if self._dcp is None:
-                self._dcp = DefaultStager(StagingOptions(False, False, False, False))
+                # From the GPU: pinned buffers and non-blocking copies (DCP synchronizes before
+                # returning, as staging is not async); on CPUs a plain copy.
+                cuda = torch.cuda.is_available()
+                self._dcp = DefaultStager(StagingOptions(
+                    use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                    use_non_blocking_copy=cuda,
+                ))
             result = self._dcp.stage(state)
             return result.result() if isinstance(result, Future) else result
         if torch.cuda.is_available():

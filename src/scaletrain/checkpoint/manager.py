@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from scaletrain.checkpoint.manifest import FileEntry, Manifest, ManifestError, hash_files
 from scaletrain.checkpoint.retention import RetentionPolicy, to_delete
 from scaletrain.checkpoint.storage import CheckpointStorage, checkpoint_name, open_storage, step_of
+from scaletrain.distributed import collectives
 from scaletrain.errors import ScaletrainError
 
 __all__ = ["CheckpointManager", "Restored", "TRAINER_STATE_FILE", "CheckpointError"]
@@ -81,10 +81,9 @@ class CheckpointManager:
         self.policy = policy
         self.async_save = async_save
         self.fault_hook = fault_hook
-        self.distributed = dist.is_available() and dist.is_initialized()
         # Checkpoint collectives get their own gloo group: an async save's background thread
         # must never interleave with the training collectives on the default group.
-        self.group = dist.new_group(backend="gloo") if self.distributed else None
+        self.group = collectives.new_gloo_group()
         self._pending: _Pending | None = None
         self._stager: Any = None
         self._jobs: queue.Queue | None = None  # async saves for the writer thread
@@ -122,15 +121,20 @@ class CheckpointManager:
             self._stager = dcp_io.Stager()
             self._jobs = queue.Queue()
             # A daemon: a save stuck in a collective (another rank died) must not hold up exit.
-            threading.Thread(target=self._write_saves, args=(self._jobs,), daemon=True,
+            # The thread works on this rank's GPU (a new thread starts on cuda:0, where DCP's
+            # writer would otherwise open a context for every rank).
+            device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+            threading.Thread(target=self._write_saves, args=(self._jobs, device), daemon=True,
                              name="scaletrain-ckpt").start()
         pending = _Pending(name, step, staging, metrics, threading.Event())
         assert self._jobs is not None
         self._jobs.put((pending, self._stager.stage(state)))  # the copy is the only stall
         self._pending = pending
 
-    def _write_saves(self, jobs: queue.Queue) -> None:
+    def _write_saves(self, jobs: queue.Queue, device: int | None) -> None:
         """The writer thread: one async save at a time, until close()."""
+        if device is not None:
+            torch.cuda.set_device(device)
         while (job := jobs.get()) is not None:
             self._write_in_background(*job)
 
@@ -162,9 +166,7 @@ class CheckpointManager:
         if pending is None:
             return
         pending.done.wait()
-        failed = torch.tensor([1.0 if pending.error else 0.0])
-        if self.distributed:
-            dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
+        failed = collectives.all_reduce(torch.tensor([1.0 if pending.error else 0.0]), "max", self.group)
         if pending.error is not None:
             raise CheckpointError(
                 f"saving checkpoint {pending.name} failed: {type(pending.error).__name__}: {pending.error}"
@@ -192,10 +194,7 @@ class CheckpointManager:
 
     def _commit(self, name: str, step: int, staging: Path, metrics: dict[str, float],
                 entries: dict[str, FileEntry]) -> None:
-        gathered: list[Any] = [entries]
-        if self.distributed:
-            gathered = [None] * self.world_size
-            dist.all_gather_object(gathered, entries, group=self.group)
+        gathered = collectives.all_gather_object(entries, self.group)
         self.last_saved_step = step
         if self.rank != 0:
             return
@@ -273,8 +272,7 @@ class CheckpointManager:
         choice: list[Any] = [None]
         if self.rank == 0:
             choice[0] = self._pick_verified(only)
-        if self.distributed:
-            dist.broadcast_object_list(choice, src=0, group=self.group)
+        choice[0] = collectives.broadcast_object(choice[0], 0, self.group)
         if choice[0] is None:
             return None
         name, local_dir = choice[0]
@@ -315,8 +313,7 @@ class CheckpointManager:
             self.fault_hook(step)
 
     def _barrier(self) -> None:
-        if self.distributed:
-            dist.barrier(group=self.group)
+        collectives.barrier(self.group)
 
 
 def _value(item: Any) -> Any:

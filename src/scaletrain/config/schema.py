@@ -107,11 +107,13 @@ class FSDPConfig(Section):
         True, description="free each block's gathered parameters after its forward (less memory, "
         "one more all-gather in backward); false keeps them until backward (ZeRO-2-like)"
     )
-    param_dtype: Dtype | None = Field(
-        None, description="dtype parameters are gathered and computed in (default: as stored, fp32)"
+    param_dtype: Literal["fp32", "bf16"] | None = Field(
+        None, description="dtype parameters are gathered and computed in (default: as stored, "
+        "fp32); fp16 is not offered: it needs loss scaling, use bf16"
     )
     reduce_dtype: Dtype | None = Field(
-        None, description="dtype gradients are reduced in (default: param_dtype)"
+        None, description="dtype gradients are reduced in (default: fp32, also with bf16 "
+        "parameters: low-precision sums lose small gradients)"
     )
     cpu_offload: bool = Field(
         False, description="keep sharded parameters, gradients and optimizer state in CPU memory"
@@ -126,6 +128,10 @@ class ScaleConfig(Section):
     workers: PositiveInt = Field(1, description="training processes (on this machine, or on the Ray cluster)")
     engine: Literal["local", "ray"] = Field(
         "local", description="who starts the workers: local (torch elastic) or ray (Ray Train)"
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="collectives: auto (NCCL on GPUs, one GPU per worker; gloo on CPUs), "
+        "nccl, or gloo (on GPUs: lets several workers share one GPU, slower)"
     )
     address: str | None = Field(
         None,

@@ -2,9 +2,12 @@
 (seed, epoch, samples consumed so far), never of per-rank iterator state.
 
 At optimizer step ``s`` the job consumes the global batch ``perm(seed, epoch)[s*G:(s+1)*G]``
-with ``G = batch_size * world_size * grad_accum``. Micro-step ``m`` of rank ``r`` takes the
-slice ``[m*W*b + r*b, m*W*b + (r+1)*b)`` of it. So 2 workers x batch b see exactly the same
+with ``G = batch_size * world_size * grad_accum``. Micro-step ``m`` of rank ``r`` takes chunk
+``c = m*W + r`` of it, the slice ``[c*b, (c+1)*b)``. So 2 workers x batch b see exactly the same
 global batches as 1 worker x batch 2b, and resuming at step ``s`` needs nothing but ``s``.
+Randomness is keyed by the chunk, not by (micro-step, rank): 2 workers and 1 worker accumulating
+2 micro-steps (a job resumed on fewer workers, or continuing after losing a node) draw the same
+dropout masks and augmentations for the same samples.
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ class DataLayout:
     @property
     def global_batch(self) -> int:
         return self.batch_size * self.world_size * self.grad_accum
+
+    def chunk(self, micro: int, rank: int) -> int:
+        """Which ``batch_size`` slice of the step's global batch micro-step ``micro`` of
+        ``rank`` reads: the same samples whatever the world size and accumulation."""
+        return micro * self.world_size + rank
 
     @property
     def steps_per_epoch(self) -> int:
@@ -90,8 +98,8 @@ class GlobalBatchSampler(Sampler[SeededBatch]):
         return self._slice(self.epoch_order(epoch), within, micro)
 
     def _slice(self, order: torch.Tensor, within: int, micro: int) -> list[int]:
-        b, w = self.layout.batch_size, self.layout.world_size
-        start = within * self.layout.global_batch + micro * w * b + self.rank * b
+        b = self.layout.batch_size
+        start = within * self.layout.global_batch + self.layout.chunk(micro, self.rank) * b
         return order[start : start + b].tolist()
 
     def __iter__(self) -> Iterator[SeededBatch]:
@@ -103,7 +111,7 @@ class GlobalBatchSampler(Sampler[SeededBatch]):
                 cached_epoch, order = epoch, self.epoch_order(epoch)
             for micro in range(self.layout.grad_accum):
                 batch = SeededBatch(self._slice(order, within, micro))
-                batch.seed = derive_seed(self.seed, "data", step, micro, self.rank)
+                batch.seed = derive_seed(self.seed, "data", step, self.layout.chunk(micro, self.rank))
                 yield batch
             step += 1
 

@@ -9,10 +9,15 @@ from dataclasses import dataclass
 import torch
 
 from scaletrain.distributed.env import DistEnv
+from scaletrain.errors import ConfigError
 
 __all__ = [
     "Placement",
+    "PlacementError",
     "choose_placement",
+    "sharing_message",
+    "check_local_workers",
+    "check_bf16",
     "threads_per_worker",
     "apply_threads",
     "set_determinism",
@@ -24,16 +29,70 @@ __all__ = [
 @dataclass(frozen=True)
 class Placement:
     device: torch.device
-    backend: str  # torch.distributed backend: "nccl" on CUDA, "gloo" on CPU
+    backend: str  # "nccl" (one GPU per rank) or "gloo" (CPU tensors, or GPUs shared by ranks)
+
+    @property
+    def group_backend(self) -> str:
+        """What the process group is created with. NCCL takes only CUDA tensors: CPU tensors
+        (control messages, CPU-offloaded shards) go over gloo in the same group."""
+        return "cpu:gloo,cuda:nccl" if self.backend == "nccl" else "gloo"
 
 
-def choose_placement(env: DistEnv) -> Placement:
-    """One GPU per local rank when CUDA is present, else the CPU with gloo."""
-    if torch.cuda.is_available():
-        index = env.local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        return Placement(torch.device("cuda", index), "nccl")
-    return Placement(torch.device("cpu"), "gloo")
+class PlacementError(ConfigError):
+    """The workers do not fit the devices as asked (one line: what to change)."""
+
+
+def choose_placement(
+    env: DistEnv, backend: str = "auto", engine_device: torch.device | None = None
+) -> Placement:
+    """One GPU per local rank with NCCL when CUDA is present, else the CPU with gloo.
+
+    ``backend``: auto | nccl | gloo. NCCL refuses two ranks on one GPU, so more local workers
+    than GPUs stop here with one line unless gloo is asked for (ranks then share the GPUs,
+    round robin, and collectives copy through host memory). ``engine_device``: the GPU an
+    engine already gave this worker (Ray Train); it is kept, not recomputed.
+    """
+    if not torch.cuda.is_available():
+        if backend == "nccl":
+            raise PlacementError(
+                "scale.backend is nccl but this machine has no CUDA device; use auto or gloo"
+            )
+        return Placement(torch.device("cpu"), "gloo")
+    if engine_device is not None and engine_device.type == "cuda":
+        device = engine_device
+    else:
+        gpus = torch.cuda.device_count()
+        if env.local_world_size > gpus and backend != "gloo":
+            raise PlacementError(sharing_message(env.local_world_size, gpus))
+        device = torch.device("cuda", env.local_rank % gpus)
+    torch.cuda.set_device(device)
+    return Placement(device, "gloo" if backend == "gloo" else "nccl")
+
+
+def check_local_workers(workers: int, backend: str) -> None:
+    """Before any worker starts: more workers on this machine than GPUs need gloo."""
+    if backend != "gloo" and torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+        if workers > gpus:
+            raise PlacementError(sharing_message(workers, gpus))
+
+
+def sharing_message(workers: int, gpus: int) -> str:
+    return (
+        f"{workers} workers on this machine but {gpus} GPU{'s' if gpus != 1 else ''}: NCCL needs "
+        f"one GPU per worker; set scale.workers to at most {gpus} per machine, or "
+        "scale.backend: gloo to let workers share GPUs (slower collectives)"
+    )
+
+
+def check_bf16(device: torch.device, precision: str) -> None:
+    """bf16 on a GPU without native bf16 (before Ampere) is emulated and slow: refuse it."""
+    if precision == "bf16" and device.type == "cuda":
+        if not torch.cuda.is_bf16_supported(including_emulation=False):
+            raise PlacementError(
+                f"train.precision bf16: {torch.cuda.get_device_name(device)} has no native bf16 "
+                "(it needs compute capability 8.0+); use train.precision: fp32"
+            )
 
 
 def threads_per_worker(local_workers: int, requested: int | None = None) -> int:

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import IO
 
 import torch
-import torch.distributed as dist
+
+from scaletrain.distributed import collectives
 
 __all__ = ["StopRequest", "Watchdog", "Control", "Decision"]
 
@@ -134,7 +135,7 @@ class Control:
                 float(_SIGNAL_CODES.get(self.stop.signal_name, 0)),
             ]
         )
-        dist.all_reduce(local, op=dist.ReduceOp.MAX)
+        collectives.all_reduce(local, "max")  # on gloo: no GPU sync for a control message
         stop, save, not_ready, interval, code = local.tolist()
         self._next_check = step + int(interval)
         self._checked_at, self._checked_step = time.monotonic(), step

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from scaletrain.distributed.process_group import all_reduce_sum
+from scaletrain.distributed import collectives
 from scaletrain.task import split_loss_output
 
 __all__ = ["evaluate", "eval_batches", "batch_length"]
@@ -40,7 +40,7 @@ def evaluate(
     was_training = model.training
     model.eval()
     names: list[str] = []
-    sums: torch.Tensor | None = None
+    sums: torch.Tensor | None = None  # on the loss's device: no host sync per batch
     count = 0
     done = 0
     batch = None
@@ -54,9 +54,10 @@ def evaluate(
             values = {"loss": loss, **metrics}
             if sums is None:
                 names = sorted(values)
-                sums = torch.zeros(len(names), dtype=torch.float64)
-            row = torch.tensor([float(values[k]) * n for k in names], dtype=torch.float64)
-            sums += row
+                sums = torch.zeros(len(names), dtype=torch.float64, device=loss.device)
+            row = torch.stack([torch.as_tensor(values[k], device=sums.device).detach().double()
+                               .reshape(()) for k in names])
+            sums += row * n
             count += n
         while forwards is not None and done < forwards and batch is not None:
             with autocast():
@@ -66,16 +67,9 @@ def evaluate(
         model.train(was_training)
     if sums is None:
         raise ValueError("this rank's share of the eval set is empty")
-    packed = torch.cat([sums, torch.tensor([float(count)], dtype=torch.float64)])
-    device_packed = all_reduce_sum(packed.to(_device_of(model)))
-    totals = device_packed.cpu()
+    packed = torch.cat([sums, torch.tensor([float(count)], dtype=torch.float64, device=sums.device)])
+    totals = collectives.all_reduce(packed, "sum").cpu()
     return {name: float(totals[i] / totals[-1]) for i, name in enumerate(names)}
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    for param in model.parameters():
-        return param.device
-    return torch.device("cpu")
 
 
 def eval_batches(dataset_len: int, batch_size: int, world_size: int) -> int:

@@ -14,13 +14,14 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from scaletrain.checkpoint.location import accumulation_for, global_batch
 from scaletrain.checkpoint.manager import CheckpointError, CheckpointManager
 from scaletrain.config.schema import JobConfig
 from scaletrain.data.loader import eval_loader, train_loader
 from scaletrain.data.sampler import DataLayout, derive_seed
 from scaletrain.distributed.device import Placement, autocast, seed_rng
 from scaletrain.distributed.env import DistEnv
-from scaletrain.distributed.process_group import all_reduce_mean
+from scaletrain.distributed import collectives
 from scaletrain.engine.control import Control, StopRequest
 from scaletrain.engine.evaluate import eval_batches, evaluate
 from scaletrain.engine.optim import build_optimizer
@@ -80,7 +81,7 @@ class Trainer:
             job, task, env, placement, reporter
         )
         self.checkpoints, self.faults = checkpoints, faults
-        self.control = control or Control(env.is_distributed, StopRequest(), None, None)
+        self.control = control or Control(collectives.active(), StopRequest(), None, None)
         self.device = placement.device
         self.strategy = get_strategy(job.scale.resolved_strategy, job.scale)
 
@@ -103,11 +104,12 @@ class Trainer:
                 f"{env.world_size} workers; use a larger eval set or fewer workers"
             )
         self.collate = getattr(task, "collate", None)
+        self.accum = _accumulation(job, env)
         self.layout = DataLayout(
             dataset_len=len(self.train_set),
             batch_size=job.data.batch_size,
             world_size=env.world_size,
-            grad_accum=job.train.grad_accum,
+            grad_accum=self.accum,
         )
         if self.layout.steps_per_epoch < 1:
             raise ScaletrainError(
@@ -154,6 +156,8 @@ class Trainer:
         window = _Window(time.perf_counter(), self.step)
         recent: deque[float] = deque(maxlen=_STEP_TIMES_KEPT)
         self.model.train()
+        if self.device.type == "cuda":  # the first step's peak, not building or restoring's
+            torch.cuda.reset_peak_memory_stats(self.device)
         while self.step < self.max_steps:
             started = time.perf_counter()
             step_out = self.train_step(batches, report=self._due(self.report_every))
@@ -272,7 +276,7 @@ class Trainer:
         return restored.step
 
     def train_step(self, batches: Any, report: bool) -> _StepOutput:
-        accum = self.job.train.grad_accum
+        accum = self.accum
         # Losses and metrics are kept only on reporting steps: no extra tensor ops otherwise.
         losses: list[torch.Tensor] = []
         metric_rows: list[dict[str, Any]] = []
@@ -282,7 +286,8 @@ class Trainer:
             batch = self._to_device(next(batches))
             data_wait += time.perf_counter() - waited
             # Randomness in the forward pass (dropout...) depends only on where we are.
-            seed_rng(derive_seed(self.job.seed, "step", self.step, micro, self.env.rank), self.device)
+            chunk = self.layout.chunk(micro, self.env.rank)
+            seed_rng(derive_seed(self.job.seed, "step", self.step, chunk), self.device)
             with self.strategy.sync_gradients(self.model, sync=micro == accum - 1):
                 with autocast(self.device, self.job.train.precision):
                     loss, metrics = split_loss_output(self.task.loss(self.model, batch))
@@ -303,6 +308,7 @@ class Trainer:
             extra: dict[str, Any] = {"state_bytes": measure_state_bytes(self.model, self.optimizer)}
             if self.device.type == "cuda":  # the first step's peak: what the planner's total predicts
                 extra["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
+                extra["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
             log.info("model state bytes", extra=extra)
         self.optimizer.zero_grad(set_to_none=True)
         return _StepOutput(
@@ -356,10 +362,11 @@ class Trainer:
         pending, window.pending = window.pending, []
         names = sorted(pending[0].out.metrics)
         width = 1 + len(names)
-        values = all_reduce_mean(
+        values = collectives.all_reduce(
             torch.stack([v for p in pending for v in (p.out.loss, *(p.out.metrics[n] for n in names))])
             .float()
-            .view(len(pending), width)
+            .view(len(pending), width),
+            "mean",
         ).tolist()
         norms = None
         if pending[0].out.grad_norm is not None:
@@ -397,6 +404,28 @@ class Trainer:
         )
 
 
+def _accumulation(job: JobConfig, env: DistEnv) -> int:
+    """The job's grad_accum, or more when fewer workers than the job's run it (an elastic job
+    that lost a node): the global batch, and with it the data order and the numbers, stay."""
+    if env.world_size == job.scale.workers:
+        return job.train.grad_accum
+    accum = accumulation_for(job, env.world_size)
+    if accum is None:
+        raise ScaletrainError(
+            f"{env.world_size} workers cannot make up the job's global batch of "
+            f"{global_batch(job)} samples with whole accumulation steps (data.batch_size "
+            f"{job.data.batch_size}); run on a number of workers that divides "
+            f"{global_batch(job) // job.data.batch_size}"
+        )
+    if env.is_main:
+        log.warning(
+            "%d of the job's %d workers: %d accumulation steps per optimizer step (train.grad_accum "
+            "%d) keep the global batch of %d samples", env.world_size, job.scale.workers, accum,
+            job.train.grad_accum, global_batch(job),
+        )
+    return accum
+
+
 def _step_time_summary(times: deque[float]) -> dict[str, float]:
     if not times:
         return {}
@@ -414,7 +443,7 @@ def _mean_metrics(rows: list[dict[str, Any]], device: torch.device) -> dict[str,
     """Per-metric mean over the micro-steps of one step."""
     if len(rows) == 1:  # no extra ops for a scalar tensor, the common case
         return {
-            name: value.detach()
+            name: value.detach().to(device, non_blocking=True)
             if isinstance(value, torch.Tensor) and value.dim() == 0
             else torch.as_tensor(value, device=device).detach().float().mean()
             for name, value in rows[0].items()

@@ -20,6 +20,7 @@ def launcher_for(job: JobConfig) -> Launcher:
             cpus_per_worker=job.scale.cpus_per_worker,
             gpus_per_worker=job.scale.gpus_per_worker,
             hang_timeout_s=job.recovery.hang_timeout_s,
+            backend=job.scale.backend,
         )
     if job.scale.workers == 1 and job.recovery.max_restarts == 0:
         from scaletrain.launch.inprocess import InProcessLauncher

@@ -24,7 +24,12 @@ class Launcher(ABC):
 # When one rank dies the others fail inside a collective; those errors are echoes, not causes.
 _ECHO_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError"}
 _BAD_INPUT_TYPES = {"TaskError", "ConfigError"}
-_ECHO_TEXT = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "NCCL")
+_ECHO_TEXT = ("Connection closed by peer", "Connection reset by peer", "gloo/transport",
+              "ncclRemoteError", "remote process exited")
+# NCCL failures that are causes, not echoes: bad usage (two ranks on one GPU), CUDA errors,
+# version mismatches. They arrive as DistBackendError too.
+_CAUSE_TEXT = ("ncclInvalidUsage", "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
+               "ncclInvalidArgument", "Duplicate GPU", "CUDA error", "out of memory")
 
 
 def _read_error(spec: RunSpec, rank: int) -> dict[str, Any] | None:
@@ -37,6 +42,8 @@ def _read_error(spec: RunSpec, rank: int) -> dict[str, Any] | None:
 
 def _is_echo(error: dict[str, Any]) -> bool:
     message = str(error.get("message", ""))
+    if any(text in message for text in _CAUSE_TEXT):
+        return False
     return error["type"] in _ECHO_TYPES or any(text in message for text in _ECHO_TEXT)
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from scaletrain.errors import MissingExtraError, RunInterrupted, ScaletrainError
+from scaletrain.errors import ConfigError, MissingExtraError, RunInterrupted, ScaletrainError
 from scaletrain.launch.base import Launcher, checked_result, worker_error
 from scaletrain.launch.spec import RunSpec
 
@@ -77,12 +77,14 @@ class RayLauncher(Launcher):
         cpus_per_worker: float,
         gpus_per_worker: float | None,
         hang_timeout_s: float,
+        backend: str = "auto",
     ):
         self.address = address or os.environ.get("RAY_ADDRESS") or None
         self.max_restarts = max_restarts
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = gpus_per_worker
         self.hang_timeout_s = hang_timeout_s
+        self.backend = backend
         # Before any run directory exists: a missing extra is bad input.
         self.ray = import_ray(local_instance=self.address is None)
 
@@ -107,11 +109,18 @@ class RayLauncher(Launcher):
         resources = {"CPU": self.cpus_per_worker}
         if gpus:
             resources["GPU"] = gpus
+            if gpus < 1 and self.backend != "gloo":  # NCCL refuses two ranks on one GPU
+                raise ConfigError(
+                    f"scale.gpus_per_worker {gpus:g} puts several workers on one GPU, which NCCL "
+                    "refuses; use whole GPUs, or scale.backend: gloo to share them (slower)"
+                )
+        # On GPUs the group is NCCL for CUDA tensors and gloo for CPU ones (control messages).
+        backend = "cpu:gloo,cuda:nccl" if gpus and self.backend != "gloo" else "gloo"
         mailbox = _mailbox_class(ray).options(num_cpus=0).remote()
         trainer = TorchTrainer(
             _train_loop,
             train_loop_config={"spec": spec.__dict__, "mailbox": mailbox},
-            torch_config=TorchConfig(backend="nccl" if gpus else "gloo", timeout_s=int(self.hang_timeout_s)),
+            torch_config=TorchConfig(backend=backend, timeout_s=int(self.hang_timeout_s)),
             scaling_config=ScalingConfig(
                 num_workers=workers, use_gpu=bool(gpus), resources_per_worker=resources
             ),
@@ -402,6 +411,24 @@ def _mailbox_class(ray: Any):
     return _MAILBOX
 
 
+def _assigned_gpu():
+    """The GPU Ray Train gave this worker (it set CUDA_VISIBLE_DEVICES and the device), or None."""
+    if not ray_gpu_ids():
+        return None
+    import ray.train.torch
+
+    return ray.train.torch.get_device()
+
+
+def ray_gpu_ids() -> list:
+    import ray
+
+    try:
+        return list(ray.get_gpu_ids())
+    except Exception:
+        return []
+
+
 def _train_loop(config: dict[str, Any]) -> None:
     """Runs in every Ray Train worker: the engine-agnostic worker entry point."""
     import ray
@@ -432,7 +459,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     try:
         result = run_worker(
             spec, env, stop=stop, node=ray.get_runtime_context().get_node_id(),
-            console=_RemoteConsole(mailbox),
+            console=_RemoteConsole(mailbox), device=_assigned_gpu(),
         )
     finally:
         done.set()

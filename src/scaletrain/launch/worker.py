@@ -33,6 +33,7 @@ from scaletrain.config.schema import JobConfig
 from scaletrain.distributed.device import (
     Placement,
     apply_threads,
+    check_bf16,
     choose_placement,
     set_determinism,
 )
@@ -76,13 +77,15 @@ def run_worker(
     stop: StopRequest | None = None,
     node: str | None = None,
     console: Any = None,
+    device: torch.device | None = None,
 ) -> dict[str, Any]:
     """Train this rank's share of the job. Returns the train result (the same on every rank).
 
     ``stop``: an engine's own way to ask for a clean stop (besides this process's signals);
     ``node``: the engine's name for the machine, for the log; ``console``: an engine's relay
     to the user's console (a Reporter sink and a logging handler, for rank 0), where the
-    worker's stderr does not reach the user (Ray)."""
+    worker's stderr does not reach the user (Ray); ``device``: the GPU the engine gave this
+    worker (Ray Train), kept as it is."""
     env = env or DistEnv.from_env()
     job = JobConfig.model_validate(spec.job)
     context = LogContext(spec.run_id, spec.trace_id, env.rank)
@@ -101,23 +104,26 @@ def run_worker(
     try:
         apply_threads(spec.threads)
         set_determinism(job.deterministic)
-        placement = choose_placement(env)
+        placement = choose_placement(env, job.scale.backend, device)
+        check_bf16(placement.device, job.train.precision)
+        # ddp, fsdp and hsdp run in a process group, also with one worker.
+        needs_group = job.scale.resolved_strategy != "single"
         log.info(
             "worker started",
             extra={
                 "pid": os.getpid(),
                 "world_size": env.world_size,
                 "device": str(placement.device),
-                "backend": placement.backend if env.is_distributed else None,
+                "backend": placement.backend if env.is_distributed or needs_group else None,
                 "threads": spec.threads,
                 "host": socket.gethostname(),
                 "node": node,
             },
         )
-        with process_group(env, placement):
-            control = Control(env.is_distributed, stop, watchdog, _save_every_s(job))
+        with process_group(env, placement, needed=needs_group) as grouped:
+            control = Control(grouped, stop, watchdog, _save_every_s(job))
             result = _train(spec, job, env, placement, reporter, control)
-            if env.is_distributed:
+            if grouped:
                 # Free DDP and its communication state while every peer is still connected:
                 # a reducer torn down after the group is gone can block on a departed rank.
                 gc.collect()

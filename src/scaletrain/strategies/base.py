@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from scaletrain.distributed import collectives
 from scaletrain.distributed.device import Placement
 
 if TYPE_CHECKING:
@@ -52,9 +53,9 @@ class Strategy(ABC):
     def grad_norm(self, model: nn.Module) -> torch.Tensor:
         """The global gradient norm, without changing any gradient (a plain tensor, also
         when gradients are sharded DTensors)."""
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        params = list(model.parameters())
+        grads = [p.grad for p in params if p.grad is not None]
         if not grads:
-            return torch.zeros(())
-        norm = nn.utils.get_total_norm(grads)
-        full_tensor = getattr(norm, "full_tensor", None)  # DTensor: reduce over the shards
-        return full_tensor() if full_tensor is not None else norm
+            return torch.zeros((), device=params[0].device if params else None)
+        # Sharded gradients (DTensors) give a DTensor norm: reduced over the shards.
+        return collectives.full_tensor(nn.utils.get_total_norm(grads))

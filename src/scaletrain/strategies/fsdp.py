@@ -39,13 +39,17 @@ class FSDPStrategy(Strategy):
         kwargs = {"mesh": self.mesh(placement)}
         if options is not None:
             param_dtype = DTYPES.get(options.param_dtype) if options.param_dtype else None
-            reduce_dtype = DTYPES.get(options.reduce_dtype) if options.reduce_dtype else param_dtype
+            # Gradients are summed in fp32 unless asked otherwise: FSDP2 would reduce them in
+            # param_dtype, and a bf16 sum over many ranks loses small gradients.
+            reduce_dtype = DTYPES[options.reduce_dtype or "fp32"] if param_dtype is not None else (
+                DTYPES[options.reduce_dtype] if options.reduce_dtype else None)
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
             if options.cpu_offload:
                 kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=placement.device.type == "cuda")
         reshard = options.reshard_after_forward if options is not None else True
-        if not (options is not None and options.cpu_offload):
-            model = model.to(placement.device)
+        # No model.to(device) first: fully_shard moves each block to the mesh's device as it
+        # shards it (or keeps it in CPU memory with offload), so no rank ever holds the whole
+        # model on its GPU, the case FSDP is chosen for.
         for block in blocks:
             fully_shard(block, reshard_after_forward=reshard, **kwargs)
         # The root's parameters (embeddings, head...) are needed right after its forward ends:
@@ -93,6 +97,6 @@ def _gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
 
 
 def _world_size() -> int:
-    import torch.distributed as dist
+    from scaletrain.distributed import collectives
 
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return collectives.world_size()
