@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -11,6 +12,7 @@ import torch.distributed as dist
 from scaletrain.distributed import collectives
 from scaletrain.distributed.device import Placement
 from scaletrain.distributed.env import DistEnv
+from scaletrain.distributed.stores import connect_store, host_store
 
 __all__ = ["process_group"]
 
@@ -39,7 +41,7 @@ def process_group(
     if placement.device.type == "cuda":
         kwargs["device_id"] = placement.device
     if env.is_distributed:
-        kwargs.update(init_method="env://", rank=env.rank, world_size=env.world_size)
+        kwargs.update(store=_job_store(env, timeout_s), rank=env.rank, world_size=env.world_size)
     else:
         kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
     dist.init_process_group(
@@ -53,3 +55,14 @@ def process_group(
         if ok:
             collectives.barrier()
         dist.destroy_process_group()
+
+
+def _job_store(env: DistEnv, timeout_s: float):
+    """The workers' store at MASTER_ADDR:MASTER_PORT: rank 0 hosts it, listening on that address
+    alone (127.0.0.1 for a job on one machine), the others connect. Where the agent shares its
+    own store with the workers, everyone connects to it."""
+    if env.master_port is None:
+        raise RuntimeError("MASTER_PORT is not set: workers are started by an engine that sets it")
+    if env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return host_store(env.master_addr, env.master_port, timeout_s, env.world_size)
+    return connect_store(env.master_addr, env.master_port, timeout_s, env.world_size)

@@ -1,9 +1,9 @@
-"""N workers on this machine, started by torch.distributed elastic (what torchrun uses).
+"""Workers on this machine, started by torch.distributed elastic (what torchrun uses); with
+``scale.nodes``, one such launcher per machine, meeting through the rendezvous (rendezvous.py).
 
-Rendezvous is c10d on a free loopback port chosen by the agent, so nothing listens beyond
-127.0.0.1. Workers are fresh interpreters running ``python -m scaletrain.launch.worker``, as
-torchrun starts a script. When a worker fails the agent stops the others; we surface the
-root cause.
+On one machine every store listens on 127.0.0.1 alone. Workers are fresh interpreters running
+``python -m scaletrain.launch.worker``, as torchrun starts a script. When a worker fails the
+agent stops the others; we surface the root cause.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Any
 
 from scaletrain.errors import RunInterrupted
 from scaletrain.launch.base import Launcher, checked_result, worker_error
+from scaletrain.launch.rendezvous import Rendezvous
+from scaletrain.launch.rendezvous import register as register_rendezvous
 from scaletrain.launch.spec import RunSpec
 from scaletrain.tracking.logs import route_loggers_to_file
 
@@ -29,28 +31,27 @@ _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
 class LocalLauncher(Launcher):
     name = "local"
 
-    def __init__(self, max_restarts: int = 0, grace_period_s: float = 60.0):
+    def __init__(self, max_restarts: int = 0, grace_period_s: float = 60.0,
+                 rendezvous: Rendezvous | None = None):
         self.max_restarts = max_restarts
         self.grace_period_s = grace_period_s
+        self.rendezvous = rendezvous  # several nodes: opened by the caller; else one machine's
 
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
+        """Run ``workers`` workers on this machine (this node's share of the job)."""
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+        rendezvous = self.rendezvous or Rendezvous.single_node(spec.run_id).open()
+        register_rendezvous()
         config = LaunchConfig(
-            min_nodes=1,
-            max_nodes=1,
             nproc_per_node=workers,
-            run_id=spec.run_id,
-            rdzv_backend="c10d",
-            rdzv_endpoint="127.0.0.1:0",
-            rdzv_configs={"timeout": 120},
             max_restarts=self.max_restarts,
             monitor_interval=0.1,
             start_method="spawn",
-            local_addr="127.0.0.1",
+            **rendezvous.launch_options(),
             logs_specs=DefaultLogsSpecs(log_dir=str(spec.logs_dir / "elastic")),
             # The agent forwards these to the workers, which checkpoint and stop (preemption);
             # torchrun forwards no SIGUSR1 (pytorch #154849). LaunchConfig's field overrides
@@ -62,9 +63,12 @@ class LocalLauncher(Launcher):
         spec_file = spec.write()
         spec.worker_result().unlink(missing_ok=True)
         restore = route_loggers_to_file(_TORCH_LOGGERS, spec.logs_dir / "launcher.jsonl", logging.INFO)
-        # A fresh rendezvous store per attempt: with the shared one, a restarted gloo rank can
-        # connect to the previous attempt's dead peer (torch 2.13; seen with plain torchrun too).
-        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        # A fresh workers' store per attempt (rank 0 hosts it): with the agent's shared one, a
+        # restarted gloo rank can connect to the previous attempt's dead peer (torch 2.13; seen
+        # with plain torchrun too).
+        worker_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **rendezvous.worker_env()}
+        saved = {name: os.environ.get(name) for name in worker_env}
+        os.environ.update(worker_env)  # the agent starts the workers with this process's env
         try:
             elastic_launch(config, sys.executable)("-m", "scaletrain.launch.worker", str(spec_file))
         except ChildFailedError as exc:
@@ -77,6 +81,13 @@ class LocalLauncher(Launcher):
             raise RunInterrupted(exc.sigval.name, int(exc.sigval)) from None
         finally:
             restore()
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            if self.rendezvous is None:
+                rendezvous.close()
         result = _read_result(spec)
         if result is None:
             raise worker_error(spec, range(workers), {0: "rank 0 left no result"})
