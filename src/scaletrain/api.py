@@ -42,13 +42,15 @@ def run(
     started_at: float | None = None,
     search_path: list[str] | None = None,
     tracking_tags: dict[str, str] | None = None,
+    node_rank: int = 0,
 ) -> dict[str, Any]:
     """Train a job (a YAML path, a mapping or a JobConfig) and return its summary.
 
     The summary is also written to ``summary.json`` in the run directory. Raises a
     ScaletrainError (ConfigError, TaskError, WorkerFailedError, RunPreempted...) with a
     user-facing message. ``search_path`` adds folders to import the task from;
-    ``tracking_tags`` go on the MLflow run.
+    ``tracking_tags`` go on the MLflow run. ``node_rank``: a job on several nodes (scale.nodes)
+    runs one launcher per node; node 0, the driver, tracks the run, the others join it.
     """
     from scaletrain.launch.spec import RunSpec
 
@@ -58,8 +60,13 @@ def run(
         tracking_tags = json.loads(os.environ["SCALETRAIN_TRACKING_TAGS"])
     config, job_search_path = resolve_job(job, overrides)
     search_path = job_search_path + [p for p in (search_path or []) if p not in job_search_path]
-    spec = RunSpec.in_dir(config.model_dump(mode="json"), config.run_dir, python_path=search_path)
-    return _launch(config, spec, started_at, tracking_tags)
+    rendezvous, run_id, trace = None, None, {}
+    if node_rank and config.scale.engine == "local":  # the driver's run id, and a job that matches
+        rendezvous, info = _join_driver(config, None, node_rank)
+        run_id, trace = info["run_id"], {"trace_id": info["trace_id"]}
+    spec = RunSpec.in_dir(config.model_dump(mode="json"), config.run_dir, run_id=run_id,
+                          python_path=search_path, node_rank=node_rank, **trace)
+    return _launch(config, spec, started_at, tracking_tags, rendezvous=rendezvous)
 
 
 def resume(
@@ -83,9 +90,41 @@ def resume(
     return _launch(config, spec, started_at, None, notes)
 
 
+def _join_driver(config: JobConfig, run_id: str | None, node_rank: int) -> tuple[Any, dict]:
+    from scaletrain.checkpoint.location import config_hash
+    from scaletrain.launch.rendezvous import for_job
+
+    if config.scale.node_range[1] == 1:
+        from scaletrain.errors import ConfigError
+
+        raise ConfigError(f"--node-rank {node_rank}: this job runs on one node (set scale.nodes)")
+    rendezvous = for_job(config, run_id or "pending", node_rank).open()
+    try:
+        info = rendezvous.check_joined(run_id, config_hash(config))
+    except BaseException:
+        rendezvous.close()
+        raise
+    rendezvous.run_id = info["run_id"]
+    return rendezvous, info
+
+
+def _open_rendezvous(config: JobConfig, spec: Any) -> Any:
+    """A job on several nodes: the driver hosts the rendezvous and publishes its run; another
+    node resuming connects and checks it resumes the same run."""
+    from scaletrain.checkpoint.location import config_hash
+    from scaletrain.launch.rendezvous import for_job
+
+    if spec.node_rank:
+        return _join_driver(config, spec.run_id, spec.node_rank)[0]
+    rendezvous = for_job(config, spec.run_id, 0).open()
+    rendezvous.publish_run({"run_id": spec.run_id, "trace_id": spec.trace_id,
+                            "config_hash": config_hash(config), "attempt": spec.attempt})
+    return rendezvous
+
+
 def _launch(
     config: JobConfig, spec: Any, started_at: float, tracking_tags: dict[str, str] | None,
-    notes: list[str] = (),
+    notes: list[str] = (), rendezvous: Any = None,
 ) -> dict[str, Any]:
     from scaletrain.distributed.device import check_local_workers, threads_per_worker
     from scaletrain.launch import launcher_for
@@ -100,13 +139,15 @@ def _launch(
         open_storage(config.checkpoint.dir)
     spec.job = config.model_dump(mode="json")
     if config.scale.engine == "local":
-        check_local_workers(config.scale.workers, config.scale.backend)
+        check_local_workers(config.scale.workers_per_node, config.scale.backend)
     if config.scale.engine == "ray":  # the CPUs Ray reserves for each worker
         spec.threads = config.scale.threads_per_worker or max(1, int(config.scale.cpus_per_worker))
     else:
-        spec.threads = threads_per_worker(config.scale.workers, config.scale.threads_per_worker)
+        spec.threads = threads_per_worker(config.scale.workers_per_node, config.scale.threads_per_worker)
     spec.attempt += 1
-    launcher = launcher_for(config)
+    if config.scale.node_range[1] > 1 and rendezvous is None:
+        rendezvous = _open_rendezvous(config, spec)
+    launcher = launcher_for(config, rendezvous)
     spec.logs_dir.mkdir(parents=True, exist_ok=True)
     _write_redacted_job(config, Path(spec.run_dir) / "job.yaml")
     undo_logging = setup_logging(
@@ -121,6 +162,8 @@ def _launch(
         return _run_attempt(config, spec, launcher, started_at, tracking_tags)
     finally:
         undo_logging()
+        if rendezvous is not None:
+            rendezvous.close()
 
 
 def _run_attempt(
@@ -129,10 +172,9 @@ def _run_attempt(
     from scaletrain.launch.worker import WEIGHTS_FILE
 
     run_dir = Path(spec.run_dir)
-    workers = config.scale.workers
     spec.write()  # what the workers, the metric shipper and `scaletrain resume` start from
     tracking = None
-    if config.tracking.enabled:
+    if config.tracking.enabled and spec.node_rank == 0:  # the driver tracks the job
         from scaletrain.tracking.session import TrackingSession
 
         tracking = TrackingSession(config, spec, launcher.name, tracking_tags, _launcher_log).start()
@@ -144,13 +186,17 @@ def _run_attempt(
         "job": config.name,
         "engine": launcher.name,
         "strategy": config.scale.resolved_strategy,
-        "world_size": workers,
+        "world_size": config.scale.workers,
         "attempt": spec.attempt,
         "started_at": started_at,
         "mlflow_run_id": tracking.run_id if tracking else None,
     }
+    if config.scale.node_range[1] > 1:
+        summary["node_rank"] = spec.node_rank
     try:
-        result = launcher.launch(spec, workers)
+        # The local engine starts this node's share of the workers; Ray places all of them.
+        result = launcher.launch(spec, config.scale.workers_per_node if config.scale.engine == "local"
+                                 else config.scale.workers)
     except (ScaletrainError, KeyboardInterrupt) as exc:
         preempted = isinstance(exc, RunPreempted)
         interrupted = preempted or isinstance(exc, (RunInterrupted, KeyboardInterrupt))
@@ -176,7 +222,7 @@ def _run_attempt(
         wall_time_s=round(time.time() - started_at, 3),
         time_to_first_step_s=round(first_step_at - started_at, 3) if first_step_at else None,
         weights_sha256=result["weights_sha256"],
-        weights=str(run_dir / WEIGHTS_FILE),
+        weights=str(run_dir / WEIGHTS_FILE) if spec.node_rank == 0 else None,  # the driver's
         logs=str(spec.logs_dir),
     )
     _close(summary, run_dir, tracking, "FINISHED")

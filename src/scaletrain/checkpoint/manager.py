@@ -24,7 +24,13 @@ import torch
 
 from scaletrain.checkpoint.manifest import FileEntry, Manifest, ManifestError, hash_files
 from scaletrain.checkpoint.retention import RetentionPolicy, to_delete
-from scaletrain.checkpoint.storage import CheckpointStorage, checkpoint_name, open_storage, step_of
+from scaletrain.checkpoint.storage import (
+    CheckpointStorage,
+    checkpoint_name,
+    is_remote,
+    open_storage,
+    step_of,
+)
 from scaletrain.distributed import collectives
 from scaletrain.errors import ScaletrainError
 
@@ -71,9 +77,12 @@ class CheckpointManager:
         policy: RetentionPolicy,
         async_save: bool = False,
         fault_hook: Any = None,
+        local_rank: int | None = None,
     ):
         self.storage: CheckpointStorage = open_storage(location)
         self.rank, self.world_size, self.strategy = rank, world_size, strategy
+        # The first worker of each machine fetches a checkpoint into that machine's cache.
+        self.local_rank = rank if local_rank is None else local_rank
         self.scratch_dir = Path(scratch_dir)
         # run_id, mlflow_run_id (a value, or a callable giving it when a checkpoint is written),
         # config_hash, global_batch, versions
@@ -99,6 +108,8 @@ class CheckpointManager:
         name = checkpoint_name(step)
         staging = self.storage.staging_dir(name, self.scratch_dir)
         if self.rank == 0:
+            if self._retention is not None:  # a delete in flight looks like an unfinished save
+                self._retention.join()
             for removed in self.storage.sweep_incomplete():
                 log.info("removed an unfinished checkpoint save: %s", removed)
             shutil.rmtree(staging, ignore_errors=True)
@@ -266,24 +277,42 @@ class CheckpointManager:
                        only: str | None = None) -> Restored | None:
         """Load the newest checkpoint that verifies (every rank calls it); None when there is none.
 
-        Rank 0 picks and verifies; the chosen local folder is broadcast, then every rank loads
-        its part through DCP.
+        Rank 0 picks and verifies; the chosen name is broadcast; on object storage the first
+        worker of every other machine downloads and verifies it into that machine's cache (no
+        machine reads another's disk); then every rank loads its part through DCP.
         """
-        choice: list[Any] = [None]
-        if self.rank == 0:
-            choice[0] = self._pick_verified(only)
-        choice[0] = collectives.broadcast_object(choice[0], 0, self.group)
-        if choice[0] is None:
+        choice = self._pick_verified(only) if self.rank == 0 else None
+        choice = collectives.broadcast_object(choice, 0, self.group)
+        if choice is None:
             return None
-        name, local_dir = choice[0]
+        name, local_dir = choice
         if isinstance(local_dir, str) and local_dir.startswith("error:"):
             raise CheckpointError(local_dir[len("error:"):])
+        local_dir = self._on_this_machine(name, local_dir)
         from scaletrain.checkpoint import dcp_io
 
         dcp_io.load(model, optimizer, local_dir, self.group)
         trainer_state = json.loads(Path(local_dir, TRAINER_STATE_FILE).read_text(encoding="utf-8"))
         self.last_saved_step = step_of(name)
         return Restored(name, int(trainer_state["step"]), trainer_state)
+
+    def _on_this_machine(self, name: str, rank0_dir: str) -> str:
+        """Where this rank reads checkpoint ``name``: the storage's folder itself (a shared
+        path), or this machine's verified copy of it (object storage)."""
+        if not is_remote(self.storage.location):
+            return rank0_dir
+        cache = self.scratch_dir / "checkpoint-cache"
+        error = ""
+        if self.local_rank == 0 and self.rank != 0:
+            try:
+                manifest = self.storage.read_manifest(name)
+                manifest.check_dir(self.storage.local_copy(name, manifest, cache))
+            except (ManifestError, OSError) as exc:
+                error = f"checkpoint {self.storage.describe(name)} failed verification on this machine: {exc}"
+        errors = collectives.all_gather_object(error, self.group)
+        if any(errors):  # every rank stops, none waits for a peer that gave up
+            raise CheckpointError(next(e for e in errors if e))
+        return str(cache / name)
 
     def _pick_verified(self, only: str | None) -> tuple[str, str] | None:
         manifests = self.committed_manifests()

@@ -181,6 +181,11 @@ class ObjectStorage(CheckpointStorage):
     def publish(self, name: str, staging: Path, files: list[str]) -> None:
         for file in files:
             self.fs.put_file(str(staging / file), self._key(name, file))
+            (staging / file).unlink()  # uploaded: this machine's disk need not keep it
+        try:
+            staging.rmdir()  # the last rank of a machine to publish; rank 0's goes at commit
+        except OSError:
+            pass
 
     def commit(self, name: str, staging: Path, manifest: Manifest) -> None:
         self.fs.invalidate_cache()
@@ -246,7 +251,10 @@ class ObjectStorage(CheckpointStorage):
         for name in self.names():
             markers = (MANIFEST_FILE, f"superseded-{MANIFEST_FILE}")
             if not any(self.fs.exists(self._key(name, marker)) for marker in markers):
-                self.fs.rm(self._key(name), recursive=True)
+                try:
+                    self.fs.rm(self._key(name), recursive=True)
+                except FileNotFoundError:  # gone meanwhile
+                    continue
                 removed.append(name)
         return removed
 

@@ -54,6 +54,23 @@ AddressOpt = Annotated[
 ]
 
 
+NodesOpt = Annotated[
+    Optional[str],
+    typer.Option("--nodes", help="local engine on several machines: a count, or MIN:MAX to go on "
+                 "with fewer after losing some (sets scale.nodes)", show_default=False),
+]
+NodeRankOpt = Annotated[
+    int,
+    typer.Option("--node-rank", help="several machines: this machine's rank; 0 is the driver "
+                 "(hosts the rendezvous, tracks the run), start it first", min=0),
+]
+RdzvEndpointOpt = Annotated[
+    Optional[str],
+    typer.Option("--rdzv-endpoint", help="several machines: HOST:PORT of node 0, where it listens "
+                 "for the others (sets scale.rdzv_endpoint)", show_default=False),
+]
+
+
 def _scale_overrides(set_: list[str] | None, engine: Engine | None, address: str | None) -> list[str]:
     overrides = list(set_ or [])
     if engine:
@@ -94,6 +111,9 @@ def run(
     set_: SetOpt = None,
     engine: EngineOpt = None,
     address: AddressOpt = None,
+    nodes: NodesOpt = None,
+    node_rank: NodeRankOpt = 0,
+    rdzv_endpoint: RdzvEndpointOpt = None,
     as_json: OutcomeJsonOpt = False,
 ) -> None:
     """Train a job: in this process for one worker, as local workers for more, or on Ray."""
@@ -101,7 +121,13 @@ def run(
     from scaletrain.api import run as run_job
 
     overrides = _scale_overrides(set_, engine, address)
-    _run_and_report(lambda: run_job(job, overrides, started_at=started_at), as_json)
+    if nodes:
+        overrides.append(f"scale.nodes={json.dumps(nodes)}")
+    if rdzv_endpoint:
+        overrides.append(f"scale.rdzv_endpoint={json.dumps(rdzv_endpoint)}")
+    _run_and_report(
+        lambda: run_job(job, overrides, started_at=started_at, node_rank=node_rank), as_json
+    )
 
 
 def _run_and_report(start: Any, as_json: bool) -> None:

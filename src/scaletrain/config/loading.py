@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import types
 import typing
 from pathlib import Path
@@ -19,6 +20,27 @@ from scaletrain.errors import ConfigError
 
 __all__ = ["load_job", "parse_job", "apply_overrides", "job_to_yaml", "job_schema"]
 
+_INT = "tag:yaml.org,2002:int"
+
+
+class _JobLoader(yaml.SafeLoader):
+    """YAML 1.1 without base-60 integers: ``nodes: 1:2`` is the text MIN:MAX, not 62."""
+
+
+_JobLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _INT]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_JobLoader.add_implicit_resolver(
+    _INT,
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_JobLoader)  # noqa: S506 (a SafeLoader)
+
 
 def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
     """Read a YAML job file, apply dotted overrides, validate. Raises ConfigError."""
@@ -32,7 +54,7 @@ def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> J
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read job file '{path}': {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_problem(exc), source=str(path)) from None
     if data is None:
@@ -69,7 +91,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
                 f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. --set optim.lr=3e-4"
             )
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = _load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         node = result

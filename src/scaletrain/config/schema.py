@@ -138,6 +138,10 @@ class ScaleConfig(Section):
         description="ray engine: the cluster to join (default: RAY_ADDRESS; none: start a local "
         "Ray instance for the run)",
     )
+    connect_timeout_s: PositiveFloat = Field(
+        60.0, description="ray engine: how long joining scale.address may take (the address to "
+        "answer, and its head to accept this process) before the run stops with one line"
+    )
     strategy: Literal["auto", "single", "ddp", "fsdp", "hsdp"] = Field(
         "auto", description="single, ddp (full replicas), fsdp (parameters, gradients and optimizer "
         "state sharded), hsdp (sharded within a group, replicated across groups); auto: the "
@@ -153,10 +157,70 @@ class ScaleConfig(Section):
         description="intra-op threads per worker (default: local: cores / workers; ray: "
         "cpus_per_worker)",
     )
+    nodes: Annotated[int, _Number, Field(ge=1)] | str = Field(
+        1, description="local engine: machines the job runs on, each with its own `scaletrain run "
+        "--node-rank N`; a count, or MIN:MAX to go on with fewer after losing some (elastic: the "
+        "global batch is kept with more accumulation); scale.workers are split evenly"
+    )
+    rdzv_endpoint: str | None = Field(
+        None, description="several nodes: HOST:PORT where the driver (node 0) listens for the "
+        "others; HOST is the driver's address as the other nodes reach it"
+    )
     cpus_per_worker: PositiveFloat = Field(1, description="ray engine: CPUs Ray reserves per worker")
     gpus_per_worker: NonNegativeFloat | None = Field(
         None, description="ray engine: GPUs per worker (default: 1 when the cluster has GPUs, else 0)"
     )
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """(MIN, MAX) nodes."""
+        low, _, high = str(self.nodes).partition(":")
+        return int(low), int(high or low)
+
+    @property
+    def workers_per_node(self) -> int:
+        return self.workers // self.node_range[1]
+
+    @field_validator("nodes")
+    @classmethod
+    def _check_nodes(cls, nodes: int | str) -> int | str:
+        if isinstance(nodes, int):
+            return nodes
+        match = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", nodes)
+        if not match:
+            raise ValueError(f"must be a count or MIN:MAX, got {nodes!r}")
+        low, high = int(match.group(1)), int(match.group(2) or match.group(1))
+        if not 1 <= low <= high:
+            raise ValueError(f"needs 1 <= MIN <= MAX, got {nodes!r}")
+        return low if low == high else f"{low}:{high}"
+
+    @field_validator("rdzv_endpoint")
+    @classmethod
+    def _check_endpoint(cls, endpoint: str | None) -> str | None:
+        if endpoint is None:
+            return None
+        host, _, port = endpoint.rpartition(":")
+        if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"must be HOST:PORT, e.g. 10.0.0.5:29400, got {endpoint!r}")
+        return endpoint
+
+    @model_validator(mode="after")
+    def _nodes_fit(self) -> ScaleConfig:
+        low, high = self.node_range
+        if high == 1:
+            return self
+        if self.engine != "local":
+            raise ValueError("scale.nodes is for the local engine; Ray places workers on its nodes itself")
+        if self.rdzv_endpoint is None:
+            raise ValueError(
+                f"{high} nodes need scale.rdzv_endpoint (HOST:PORT of node 0, e.g. --rdzv-endpoint "
+                "10.0.0.5:29400)"
+            )
+        if self.workers % high:
+            raise ValueError(
+                f"scale.workers ({self.workers}) must split evenly over {high} nodes; use a multiple of {high}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _strategy_fits(self) -> ScaleConfig:
@@ -247,6 +311,10 @@ class RecoveryConfig(Section):
     )
     grace_period_s: PositiveFloat = Field(
         60.0, description="on SIGTERM/SIGUSR1: time to agree on a step and checkpoint before a kill"
+    )
+    node_wait_s: PositiveFloat = Field(
+        30.0, description="several nodes: how long to wait for missing nodes before starting "
+        "(or, with scale.nodes MIN:MAX, before going on with fewer after a node is lost)"
     )
     hang_timeout_s: PositiveFloat = Field(
         900.0,

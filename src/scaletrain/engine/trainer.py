@@ -419,8 +419,9 @@ def _accumulation(job: JobConfig, env: DistEnv) -> int:
         )
     if env.is_main:
         log.warning(
-            "%d of the job's %d workers: %d accumulation steps per optimizer step (train.grad_accum "
-            "%d) keep the global batch of %d samples", env.world_size, job.scale.workers, accum,
+            "running on %d of the job's %d workers (a node was lost, or has not joined): %d "
+            "accumulation steps per optimizer step (train.grad_accum %d) keep the global batch of "
+            "%d samples", env.world_size, job.scale.workers, accum,
             job.train.grad_accum, global_batch(job),
         )
     return accum

@@ -13,8 +13,12 @@ import logging
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
+import psutil
+
+from scaletrain.checkpoint.atomic import write_text_atomic
 from scaletrain.errors import RunInterrupted
 from scaletrain.launch.base import Launcher, checked_result, worker_error
 from scaletrain.launch.rendezvous import Rendezvous
@@ -32,10 +36,11 @@ class LocalLauncher(Launcher):
     name = "local"
 
     def __init__(self, max_restarts: int = 0, grace_period_s: float = 60.0,
-                 rendezvous: Rendezvous | None = None):
+                 rendezvous: Rendezvous | None = None, job_workers: int | None = None):
         self.max_restarts = max_restarts
         self.grace_period_s = grace_period_s
         self.rendezvous = rendezvous  # several nodes: opened by the caller; else one machine's
+        self.job_workers = job_workers  # on all nodes together
 
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
         """Run ``workers`` workers on this machine (this node's share of the job)."""
@@ -53,11 +58,11 @@ class LocalLauncher(Launcher):
             start_method="spawn",
             **rendezvous.launch_options(),
             logs_specs=DefaultLogsSpecs(log_dir=str(spec.logs_dir / "elastic")),
-            # The agent forwards these to the workers, which checkpoint and stop (preemption);
-            # torchrun forwards no SIGUSR1 (pytorch #154849). LaunchConfig's field overrides
-            # TORCHELASTIC_SIGNALS_TO_HANDLE, so it is set here.
-            signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
-            # How long the workers get to checkpoint before SIGKILL (torchrun: 30 s).
+            # The agent aborts on these. SIGTERM and SIGUSR1 are ours (_StopForwarder): the
+            # workers checkpoint and stop, and the agent sees them finish, as on every node of
+            # the job. (torchrun forwards no SIGUSR1, pytorch #154849.) LaunchConfig's field
+            # overrides TORCHELASTIC_SIGNALS_TO_HANDLE, so it is set here.
+            signals_to_handle="SIGINT,SIGHUP,SIGQUIT",
             shutdown_timeout=max(1, int(self.grace_period_s)),
         )
         spec_file = spec.write()
@@ -69,17 +74,27 @@ class LocalLauncher(Launcher):
         worker_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **rendezvous.worker_env()}
         saved = {name: os.environ.get(name) for name in worker_env}
         os.environ.update(worker_env)  # the agent starts the workers with this process's env
+        forwarder = _StopForwarder(self.grace_period_s).install()
         try:
             elastic_launch(config, sys.executable)("-m", "scaletrain.launch.worker", str(spec_file))
         except ChildFailedError as exc:
             exits = {rank: _describe_exit(f.exitcode) for rank, f in exc.failures.items()}
-            raise worker_error(spec, range(workers), exits) from None
+            ranks = range(workers)
+            if rendezvous.max_nodes > 1:  # the driver hears from the other nodes' failed ranks
+                ranks = range(self.job_workers or workers)
+                if rendezvous.is_driver:
+                    exits.update(_gather_failures(spec, rendezvous, ranks, exits, self.max_restarts))
+                else:
+                    rendezvous.publish_failures(
+                        {rank: {"exit": text, "attempt": self.max_restarts} for rank, text in exits.items()})
+            raise worker_error(spec, ranks, exits) from None
         except SignalException as exc:  # the agent has stopped the workers (with the signal)
             result = _read_result(spec)
             if result is not None and result.get("preempted"):
                 checked_result(spec, result)
             raise RunInterrupted(exc.sigval.name, int(exc.sigval)) from None
         finally:
+            forwarder.restore()
             restore()
             for name, value in saved.items():
                 if value is None:
@@ -92,6 +107,86 @@ class LocalLauncher(Launcher):
         if result is None:
             raise worker_error(spec, range(workers), {0: "rank 0 left no result"})
         return checked_result(spec, result)
+
+
+class _StopForwarder:
+    """SIGTERM/SIGUSR1 to the launcher -> the same signal to this node's workers, which agree
+    with every rank on a step, checkpoint and exit; those still running after the grace period
+    are killed. Before any worker runs, the launch is aborted as on SIGINT."""
+
+    _SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self, grace_period_s: float):
+        self.grace_period_s = grace_period_s
+        self._previous: dict[int, Any] = {}
+        self._signalled: set[int] = set()
+        self._timers: list[threading.Timer] = []
+
+    def install(self) -> _StopForwarder:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self._SIGNALS}
+        return self
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        for timer in self._timers:
+            timer.cancel()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        workers = [p for p in _worker_processes() if p.pid not in self._signalled]
+        if not workers and not self._signalled:
+            raise SignalException(f"Process {os.getpid()} got signal: {signum}", signal.Signals(signum))
+        for process in workers:
+            try:
+                process.send_signal(signum)
+                self._signalled.add(process.pid)
+            except psutil.NoSuchProcess:
+                continue
+        timer = threading.Timer(self.grace_period_s, _kill, args=(workers,))
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+
+
+def _worker_processes() -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if "scaletrain.launch.worker" in child.cmdline():
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+    """The grace period is over: workers still running are killed (torchrun does the same)."""
+    for process in processes:
+        try:
+            if process.is_running():
+                process.kill()
+        except psutil.Error:
+            continue
+
+
+def _gather_failures(spec: RunSpec, rendezvous: Rendezvous, ranks: range,
+                     local: dict[int, str], attempt: int) -> dict[int, str]:
+    """Driver: failed ranks of other nodes, as they reported to its store in this last attempt
+    (restarts exhausted): their error files and last log lines are written into this run
+    directory (where worker_error looks), their exits returned."""
+    exits: dict[int, str] = {}
+    remote = [rank for rank in ranks if rank not in local and not spec.worker_log(rank).exists()]
+    for rank, record in rendezvous.read_failures(remote, attempt).items():
+        if record.get("error"):
+            write_text_atomic(spec.worker_error(rank), json.dumps(record["error"]))
+        if record.get("log_tail"):
+            write_text_atomic(spec.worker_log(rank), "\n".join(record["log_tail"]) + "\n")
+        if record.get("exit"):
+            exits[rank] = record["exit"]
+    return exits
 
 
 def _read_result(spec: RunSpec) -> dict[str, Any] | None:

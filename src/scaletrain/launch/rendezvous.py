@@ -22,29 +22,14 @@ from typing import Any
 from scaletrain.distributed.stores import connect_store, host_store, interface_of, route_source
 from scaletrain.errors import ConfigError, ScaletrainError
 
-__all__ = ["Rendezvous", "BACKEND", "parse_endpoint", "parse_nodes", "node_rank_env"]
+__all__ = ["Rendezvous", "BACKEND", "NODE_RANK_ENV", "parse_endpoint", "for_job", "report_failure"]
 
 BACKEND = "scaletrain"
 NODE_RANK_ENV = "SCALETRAIN_NODE_RANK"  # the launcher's node rank, for its workers
+DRIVER_STORE_ENV = "SCALETRAIN_DRIVER_STORE"  # HOST:PORT of the driver's store, for workers
 _RUN_KEY = "scaletrain/run"
+_FAILED_KEY = "scaletrain/failed/"  # + rank: a failed rank's error, exit and last log lines
 _prepared: dict[str, Rendezvous] = {}  # run id -> the rendezvous its launcher prepared
-
-
-def node_rank_env() -> int:
-    return int(os.environ.get(NODE_RANK_ENV, "0"))
-
-
-def parse_nodes(value: int | str) -> tuple[int, int]:
-    """``2`` -> (2, 2); ``"1:2"`` -> (1, 2)."""
-    text = str(value)
-    low, _, high = text.partition(":")
-    try:
-        least, most = int(low), int(high or low)
-    except ValueError:
-        raise ConfigError(f"scale.nodes: expected a count or MIN:MAX, got {text!r}") from None
-    if not 1 <= least <= most:
-        raise ConfigError(f"scale.nodes: expected 1 <= MIN <= MAX, got {text!r}")
-    return least, most
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -56,6 +41,15 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     if not host or not 0 < number < 65536:
         raise ConfigError(f"scale.rdzv_endpoint: expected HOST:PORT, got {endpoint!r}")
     return host.strip("[]"), number
+
+
+def for_job(job: Any, run_id: str, node_rank: int) -> Rendezvous:
+    """The rendezvous of a job on several nodes (scale.nodes, scale.rdzv_endpoint)."""
+    low, high = job.scale.node_range
+    host, port = parse_endpoint(job.scale.rdzv_endpoint)
+    if not 0 <= node_rank < high:
+        raise ConfigError(f"--node-rank {node_rank}: this job runs on {high} nodes, ranks 0 to {high - 1}")
+    return Rendezvous(run_id, low, high, node_rank, host, port, job.recovery.node_wait_s)
 
 
 @dataclass
@@ -102,7 +96,6 @@ class Rendezvous:
                 "scale.rdzv_endpoint (the driver's address and a free port)"
                 + ("" if self.is_driver else ", and that node 0 was started")
             ) from None
-        _prepared[self.run_id] = self
         return self
 
     def publish_run(self, info: dict[str, Any]) -> None:
@@ -122,6 +115,8 @@ class Rendezvous:
     def worker_env(self) -> dict[str, str]:
         """For this node's workers: collectives on the interface this node was reached on."""
         env = {NODE_RANK_ENV: str(self.node_rank)}
+        if self.max_nodes > 1:  # a failed worker tells the driver why (report_failure)
+            env[DRIVER_STORE_ENV] = self.endpoint
         interface = interface_of(self.local_addr)
         if interface is not None:
             env.setdefault("GLOO_SOCKET_IFNAME", interface)
@@ -129,8 +124,12 @@ class Rendezvous:
         return {k: os.environ.get(k, v) for k, v in env.items()}
 
     def launch_options(self) -> dict[str, Any]:
-        """What torch elastic's LaunchConfig takes for this rendezvous."""
+        """What torch elastic's LaunchConfig takes for this rendezvous (the handler it creates
+        from them uses this object's store)."""
+        _prepared[self.run_id] = self
         timeout = max(1, int(self.timeout_s))
+        # A node silent for about the node wait is dead (torch: 5 s x 3 heartbeats missed).
+        interval = max(1, min(5, timeout // 3))
         return dict(
             min_nodes=self.min_nodes,
             max_nodes=self.max_nodes,
@@ -143,12 +142,71 @@ class Rendezvous:
                 # An elastic job waits this long for missing nodes before going on without them.
                 "last_call_timeout": timeout if self.min_nodes < self.max_nodes else 1,
                 "close_timeout": 30,
+                "keep_alive_interval": interval,
+                "keep_alive_max_attempt": max(3, -(-timeout // interval)),
             },
         )
+
+    def publish_failures(self, failures: dict[int, dict[str, Any]]) -> None:
+        """Another node: how its workers failed (exit codes the agent saw), for the driver."""
+        for rank, record in failures.items():
+            key = f"{_FAILED_KEY}{rank}"
+            if not self.store.check([key]):  # the worker's own report says more
+                self.store.set(key, json.dumps(record))
+
+    def read_failures(self, ranks: list[int], attempt: int, wait_s: float = 5.0) -> dict[int, dict[str, Any]]:
+        """Driver: what failed ranks on other nodes reported in attempt ``attempt`` (waits a
+        little for late reports; earlier attempts' were recovered from)."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        found: dict[int, dict[str, Any]] = {}
+        while True:
+            for rank in ranks:
+                key = f"{_FAILED_KEY}{rank}"
+                if rank not in found and self.store.check([key]):
+                    try:
+                        record = json.loads(self.store.get(key))
+                    except (RuntimeError, ValueError):
+                        continue
+                    if record.get("attempt") == attempt:
+                        found[rank] = record
+            if found or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.2)
+
+    def check_joined(self, run_id: str | None, config_hash: str) -> dict[str, Any]:
+        """Another node: the driver's run, which this node's job must match."""
+        info = self.read_run()
+        if info.get("config_hash") != config_hash:
+            raise ConfigError(
+                f"node {self.node_rank}'s job differs from the driver's (configuration hash "
+                f"{config_hash}, the driver's {info.get('config_hash')}): start every node with "
+                "the same job file and --set options"
+            )
+        if run_id is not None and info.get("run_id") != run_id:
+            raise ConfigError(
+                f"node {self.node_rank} resumes run {run_id} but the driver runs "
+                f"{info.get('run_id')}: resume the same run on every node"
+            )
+        return info
 
     def close(self) -> None:
         _prepared.pop(self.run_id, None)
         self.store = None
+
+
+def report_failure(rank: int, record: dict[str, Any]) -> None:
+    """A failed worker on a job of several nodes: its error and last log lines, to the driver's
+    store (best effort: the driver's run directory then names the real cause)."""
+    endpoint = os.environ.get(DRIVER_STORE_ENV)
+    if not endpoint:
+        return
+    try:
+        host, port = parse_endpoint(endpoint)
+        connect_store(host, port, timeout_s=5).set(f"{_FAILED_KEY}{rank}", json.dumps(record))
+    except Exception:  # the driver may be gone too
+        pass
 
 
 def _create_handler(params: Any) -> Any:
@@ -169,6 +227,8 @@ def _create_handler(params: Any) -> Any:
         timeout=RendezvousTimeout(join=seconds.get("join_timeout"),
                                   last_call=seconds.get("last_call_timeout"),
                                   close=seconds.get("close_timeout")),
+        keep_alive_interval=int(params.config.get("keep_alive_interval", 5)),
+        keep_alive_max_attempt=int(params.config.get("keep_alive_max_attempt", 3)),
     )
     handler.scaletrain_is_driver = prepared.is_driver
     return handler

@@ -30,6 +30,7 @@ class RunSpec:
     tracking_uri: str | None = None  # MLflow: the store or server of the job's run
     tracking_run_id: str | None = None  # the job's MLflow run, once open (tracking/mlflow_run.json has it too)
     attempt: int = 0  # launches of this run: 1 for `run`, +1 for each `scaletrain resume`
+    node_rank: int = 0  # several nodes: this launcher's (0: the driver, which tracks the run)
 
     @property
     def logs_dir(self) -> Path:
@@ -45,7 +46,8 @@ class RunSpec:
         return self.logs_dir / f"worker-{rank}.stacks.txt"
 
     def worker_result(self) -> Path:
-        return self.logs_dir / "worker-0.result.json"
+        """This node's result, written by its first worker (rank 0's on the driver)."""
+        return self.logs_dir / "node-result.json"
 
     def write(self) -> Path:
         """Save the spec in the run directory, for engines that start workers as commands."""
@@ -62,7 +64,8 @@ class RunSpec:
         return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
 
     @classmethod
-    def in_dir(cls, job: dict[str, Any], run_root: str | os.PathLike, **kwargs: Any) -> RunSpec:
-        run_id = new_run_id()
+    def in_dir(cls, job: dict[str, Any], run_root: str | os.PathLike, run_id: str | None = None,
+               **kwargs: Any) -> RunSpec:
+        run_id = run_id or new_run_id()
         run_dir = Path(run_root) / job["name"] / run_id
         return cls(job=job, run_id=run_id, run_dir=str(run_dir.resolve()), **kwargs)

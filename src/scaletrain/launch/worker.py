@@ -184,6 +184,7 @@ def _checkpoints(spec: RunSpec, job: JobConfig, env: DistEnv, faults: FaultPlan)
         policy=policy,
         async_save=job.checkpoint.async_save,
         fault_hook=faults.during_checkpoint if faults.active else None,
+        local_rank=env.local_rank,
     )
 
 
@@ -269,26 +270,35 @@ def _reporter_for(
 
 
 def _write_error(spec: RunSpec, rank: int, exc: BaseException, redactor: Redactor) -> None:
-    """A small JSON file per failed rank, so any launcher can show the user the real error."""
+    """A small JSON file per failed rank, so any launcher can show the user the real error;
+    on a job of several nodes, also sent to the driver with the log's last lines."""
+    error = {
+        "rank": rank,
+        "type": type(exc).__name__,
+        "message": redactor.text(str(exc)),
+        "traceback": redactor.text(traceback.format_exc()),
+        "timestamp": time.time(),
+    }
     try:
-        write_text_atomic(
-            spec.worker_error(rank),
-            json.dumps(
-                {
-                    "rank": rank,
-                    "type": type(exc).__name__,
-                    "message": redactor.text(str(exc)),
-                    "traceback": redactor.text(traceback.format_exc()),
-                    "timestamp": time.time(),
-                }
-            ),
-        )
+        write_text_atomic(spec.worker_error(rank), json.dumps(error))
     except OSError:
         log.warning("could not write the error file for rank %s", rank, exc_info=True)
+    from scaletrain.launch.rendezvous import report_failure
+
+    report_failure(rank, {"error": error, "log_tail": _log_tail(spec.worker_log(rank)),
+                          "attempt": restart_count()})
+
+
+def _log_tail(path: Path, lines: int = 50) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()[-lines:]
+    except OSError:
+        return []
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command entry: run this rank from a spec file; rank 0 writes its result beside it."""
+    """Command entry: run this rank from a spec file; the node's first worker writes its result
+    beside it (on the driver that is rank 0's, with the weights' hash)."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
@@ -298,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_worker(spec, env)
     except BaseException:  # already logged and written to this rank's error file
         return 1
-    if env.is_main:
+    if env.local_rank == 0:
         write_text_atomic(spec.worker_result(), json.dumps({**result, "restarts": restart_count()}))
     return 0
 
