@@ -26,12 +26,16 @@ STEPS = 40
 
 
 def node_job(tmp_path: Path, nodes: str | int = 2, **sections) -> dict:
+    """2 workers, one per node; checkpoints on the S3 server; each section given is merged."""
     job = toy_job(
         tmp_path, task={"args": {"step_sleep": 0.03}}, train={"max_steps": STEPS, "log_every": 5},
         scale={"workers": 2, "nodes": nodes, "rdzv_endpoint": f"127.0.0.1:{free_port()}"},
         checkpoint={"dir": "s3://ckpt/nodes", "every_steps": 5},
-        recovery={"max_restarts": 1, "node_wait_s": 5}, **sections,
+        recovery={"max_restarts": 1, "node_wait_s": 5},
     )
+    for key, value in sections.items():
+        job[key] = {**job[key], **value} if isinstance(value, dict) and key in job else value
+    job["task"]["args"] = {"step_sleep": 0.03, **job["task"].get("args", {})}
     job.pop("run_dir")  # each node's own ./runs
     return job
 
@@ -180,3 +184,16 @@ def test_losing_a_node_for_good_continues_on_the_other(tmp_path, reference):
     assert [m.step for m in history] == [1, *range(5, STEPS + 1, 5)]
     first_step = summary["started_at"] + summary["time_to_first_step_s"]  # of the last attempt
     print(f"node lost: SIGKILL to the first step on the surviving node {first_step - killed_at:.1f} s")
+
+
+def test_a_worker_failing_on_another_node_is_named_by_the_driver(tmp_path, s3_server):
+    job = node_job(tmp_path, task={"args": {"fail_rank": 1, "fail_at_step": 3}},
+                   recovery={"max_restarts": 0}, checkpoint={"at_end": False})
+    driver, other = start_nodes(tmp_path, job)
+    first, second = driver.wait(), other.wait()
+    assert (driver.code, other.code) == (1, 1)
+    # Not the driver's own ranks losing their peer: rank 1's error, from node 1.
+    assert first["error"].startswith("worker rank 1 failed: RuntimeError: injected failure on rank 1")
+    logs = driver.run_dir() / "logs"
+    assert json.loads((logs / "worker-1.error.json").read_text())["type"] == "RuntimeError"
+    assert "worker failed: RuntimeError: injected failure on rank 1" in (logs / "worker-1.jsonl").read_text()

@@ -148,11 +148,15 @@ class Rendezvous:
         )
 
     def publish_failures(self, failures: dict[int, dict[str, Any]]) -> None:
-        """Another node: how its workers failed (exit codes the agent saw), for the driver."""
-        for rank, record in failures.items():
-            key = f"{_FAILED_KEY}{rank}"
-            if not self.store.check([key]):  # the worker's own report says more
-                self.store.set(key, json.dumps(record))
+        """Another node: how its workers failed (exit codes the agent saw), for the driver
+        (best effort: the driver may have ended already)."""
+        try:
+            for rank, record in failures.items():
+                key = f"{_FAILED_KEY}{rank}"
+                if not self.store.check([key]):  # the worker's own report says more
+                    self.store.set(key, json.dumps(record))
+        except Exception:
+            pass
 
     def read_failures(self, ranks: list[int], attempt: int, wait_s: float = 5.0) -> dict[int, dict[str, Any]]:
         """Driver: what failed ranks on other nodes reported in attempt ``attempt`` (waits a
