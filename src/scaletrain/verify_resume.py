@@ -34,6 +34,10 @@ def verify_resume(
             f"checkpoint.every_steps={save_every}", "checkpoint.dir=null",
             "checkpoint.async_save=false", "tracking.enabled=false", f"run_dir={scratch}",
         ]
+        if not config.deterministic and _cuda():
+            # GPU kernels with atomics differ from run to run; the comparison is bit for bit.
+            common.append("deterministic=true")
+            announce("on CUDA: deterministic=true (bit-exact comparison needs deterministic kernels)")
         announce(f"1/2 training {steps} steps without interruption")
         clean = run(job, common)
         victim = config.scale.workers - 1
@@ -59,6 +63,12 @@ def verify_resume(
         "resumed_sha256": resumed["weights_sha256"],
         "first_difference": first_diff,
     }
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _first_difference(a: Path, b: Path) -> str:

@@ -74,6 +74,10 @@ def _with(job: JobConfig, strategy: str, checkpointing: bool) -> JobConfig:
 
 
 def _device_memory(device: torch.device, world: int) -> float:
+    """What one rank may use: its GPU (shared with the other ranks on it, scale.backend gloo),
+    or its share of the host's memory."""
     if device.type == "cuda":
-        return float(torch.cuda.get_device_properties(device).total_memory)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        sharing = -(-local // max(1, torch.cuda.device_count()))
+        return float(torch.cuda.get_device_properties(device).total_memory) / sharing
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / world

@@ -14,13 +14,16 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["Hardware", "detect_hardware", "named_gpu", "GPU_PEAK_FLOPS", "GPU_MEMORY_GB"]
+__all__ = ["Hardware", "detect_hardware", "named_gpu", "GPU_PEAK_FLOPS", "GPU_MEMORY_GIB"]
 
 GB = 1e9
 # Dense bf16/fp16 tensor-core peaks from the vendors' datasheets (FLOP/s).
 GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12,
                   "A10": 125e12, "V100": 125e12, "T4": 65e12}
-GPU_MEMORY_GB = {"H200": 141, "H100": 80, "A100": 80, "L40S": 48, "L4": 24, "A10": 24, "V100": 32, "T4": 16}
+# Memory per device in GiB as the devices report it (nvidia-smi's total, MiB / 1024), not the
+# datasheets' decimal GB: an H200 "141 GB" shows 143771 MiB, an H100 "80 GB" 81559 MiB.
+GPU_MEMORY_GIB = {"H200": 140.4, "H100": 79.6, "A100": 80.0, "L40S": 45.0, "L4": 22.5, "A10": 22.5,
+                  "V100": 32.0, "T4": 15.0}
 NVLINK = ("H200", "H100", "A100", "V100")
 GPU_UTILIZATION = 0.4  # model FLOPs utilization a well-tuned job reaches (torchtitan, MosaicML reports)
 GPU_COLLECTIVE_S = 30e-6  # one NCCL collective on small messages (nccl-tests: tens of microseconds)
@@ -101,7 +104,7 @@ def named_gpu(name: str, devices_per_node: int = 8, nodes: int = 1) -> Hardware:
         raise ValueError(f"unknown GPU {name!r}; known: {', '.join(GPU_PEAK_FLOPS)} (or give --memory-gb and --tflops)")
     return Hardware(
         device="cuda", name=key, devices_per_node=devices_per_node, nodes=nodes,
-        memory_bytes=GPU_MEMORY_GB[key] * 1024**3, flops=GPU_PEAK_FLOPS[key] * GPU_UTILIZATION,
+        memory_bytes=GPU_MEMORY_GIB[key] * 1024**3, flops=GPU_PEAK_FLOPS[key] * GPU_UTILIZATION,
         intra_bw=(150 if key in NVLINK else 12) * GB, inter_bw=12.5 * GB,
         host_memory_bytes=float(HOST_MEMORY_PER_GPU * devices_per_node), source=f"what-if: {key}",
     )

@@ -178,11 +178,11 @@ def _tune(ray: Any, job: JobConfig, space: list[Dimension], options: SearchOptio
     from ray import tune
 
     storage = str(directory / "ray")
-    trainable = tune.with_parameters(
+    trainable = tune.with_resources(tune.with_parameters(
         _trial_class(), job=job.model_dump(mode="json"), directory=str(directory),
         metric=options.metric, parent_run_id=parent_run_id, search_path=search_path,
         grace_s=job.recovery.grace_period_s,
-    )
+    ), _trial_resources(ray, job))
     if resume and tune.Tuner.can_restore(os.path.join(storage, "search")):
         tuner = tune.Tuner.restore(os.path.join(storage, "search"), trainable, resume_errored=True)
         return tuner.fit()
@@ -215,6 +215,15 @@ def _tune(ray: Any, job: JobConfig, space: list[Dimension], options: SearchOptio
         ),
     )
     return tuner.fit()
+
+
+def _trial_resources(ray: Any, job: JobConfig) -> dict[str, float]:
+    """What one trial reserves: a CPU for its actor, and on a cluster with GPUs one GPU per
+    worker of its job (the job runs as local workers on the actor's node, on those GPUs only)."""
+    resources = {"cpu": 1.0}
+    if job.scale.engine == "local" and ray.cluster_resources().get("GPU", 0) >= 1:
+        resources["gpu"] = float(job.scale.workers)
+    return resources
 
 
 def _reports_per_trial(job: JobConfig, metric: str) -> int:
@@ -321,12 +330,25 @@ def _start_trial_job(trial_id: str, config: dict[str, Any], job: dict, directory
             "scaletrain.tune.search": directory.name,
         }),
     }
+    gpus = _actor_gpus()
+    if gpus is not None:  # the trial's job sees the GPUs Ray gave this trial, no others
+        env["CUDA_VISIBLE_DEVICES"] = gpus
     console = open(trial_dir / "console.log", "a", encoding="utf-8")
     proc = subprocess.Popen(
         [sys.executable, "-m", "scaletrain", *command], stdout=subprocess.PIPE, stderr=console,
         text=True, env=env, cwd=search_path[0] if search_path else None, preexec_fn=_stop_with_parent,
     )
     return proc, console, trial_dir, runs
+
+
+def _actor_gpus() -> str | None:
+    import ray
+
+    try:
+        ids = ray.get_gpu_ids()
+    except Exception:
+        return None
+    return ",".join(str(i) for i in ids) if ids else None
 
 
 def _stop_with_parent() -> None:
