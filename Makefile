@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench venv clean
+.PHONY: run test bench gpu-check gpu-wheels venv clean
 
 run: $(STAMP)
 	$(BIN)/scaletrain run examples/digits.yaml
@@ -19,6 +19,17 @@ test: $(STAMP)
 # bench/results/latest.json, docs/benchmarks.md, docs/benchmarks.png
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py $(ARGS)
+
+# On a machine with an NVIDIA GPU: bench/gpu_check.py's five checks in under 8 minutes
+# (bench/results/gpu.json); `make gpu-check ARGS="--table"` also fills docs/benchmarks.md.
+# It needs only torch there: scaletrain runs from src/, pydantic comes from .whl/ (below).
+gpu-check:
+	bash bench/gpu_check.sh $(ARGS)
+
+# The wheels bench/gpu_check.sh installs where pydantic is missing and there is no network: the
+# versions in .venv, for CPython 3.12 on x86_64 Linux, into .whl/ (git-ignored; carry it over).
+gpu-wheels:
+	python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
 
 venv: $(STAMP)
 

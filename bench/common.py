@@ -9,13 +9,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+# docs/benchmarks.md's section that bench/gpu_check.py --table writes; `make bench` keeps it.
+GPU_SECTION = ("<!-- gpu-check:start -->", "<!-- gpu-check:end -->")
 
 
 def run_scaletrain(job: str, overrides: list[str], env: dict | None = None) -> dict:
-    """``scaletrain run JOB --json`` as a user would; returns the summary."""
+    """``scaletrain run JOB --json`` as a user would; returns the summary. Through this
+    interpreter (``python -m scaletrain``): a machine with scaletrain on PYTHONPATH and no
+    installed ``scaletrain`` command (the GPU check's) runs it the same way."""
     import os
 
-    args = [str(BIN / "scaletrain"), "run", job, "--json"]
+    args = [sys.executable, "-m", "scaletrain", "run", job, "--json"]
     for item in overrides:
         args += ["--set", item]
     out = subprocess.run(args, cwd=REPO, capture_output=True, text=True,
@@ -28,16 +32,17 @@ def run_scaletrain(job: str, overrides: list[str], env: dict | None = None) -> d
         raise RuntimeError(f"no JSON summary on stdout: {out.stdout[:500]!r} {out.stderr[-1500:]}") from None
 
 
-def profile_example(job_path: str | Path, overrides: list[str] | tuple[str, ...] = ()):
-    """An example job, its task and the planner's profile of it (at the job's batch and
-    optimizer): what the benches compare with reality."""
+def profile_example(job_path: str | Path, overrides: list[str] | tuple[str, ...] = (),
+                    batch: int | None = None):
+    """An example job, its task and the planner's profile of it (timed at ``batch``, default the
+    job's, with its optimizer): what the benches compare with reality."""
     from scaletrain.config.loading import load_job
     from scaletrain.plan.model_profile import profile_task
     from scaletrain.task import build_task
 
     job = load_job(REPO / job_path, list(overrides))
     task = build_task(job.task.target, job.task.args, [str(REPO / "examples")])
-    profile = profile_task(task, job.name, job.train.precision, batch=job.data.batch_size,
+    profile = profile_task(task, job.name, job.train.precision, batch=batch or job.data.batch_size,
                            optimizer=job.optim.name)
     return job, task, profile
 
@@ -61,3 +66,9 @@ def emit(result: dict, out: str | None) -> None:
     print(text)
     if out:
         Path(out).write_text(text + "\n")
+
+
+def gpu_section(markdown: str) -> str | None:
+    """The GPU check's section of a benchmarks page, markers included (None if it has none)."""
+    start, end = markdown.find(GPU_SECTION[0]), markdown.find(GPU_SECTION[1])
+    return markdown[start:end + len(GPU_SECTION[1])] if 0 <= start < end else None

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO  # noqa: E402
+from common import REPO, gpu_section  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 # name: (script, quick args, full args)
@@ -203,6 +203,10 @@ def markdown(report: dict) -> str:
     if failed:
         lines += ["", "Benches that failed this run: " + "; ".join(f"{k}: {v}" for k, v in failed.items())]
     lines += ["", "![ratios](benchmarks.png)", ""]
+    page = REPO / "docs" / "benchmarks.md"
+    gpu = gpu_section(page.read_text()) if page.exists() else None
+    if gpu:  # bench/gpu_check.py's results, from a GPU machine: kept as they are
+        lines += [gpu, ""]
     notes = REPO / "docs" / "benchmarks-notes.md"
     if notes.exists():
         lines += [notes.read_text().rstrip(), ""]

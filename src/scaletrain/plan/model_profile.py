@@ -74,10 +74,13 @@ class ModelProfile:
 
 
 def profile_task(task: Any, name: str, precision: str = "fp32", real_pass: bool | None = None,
-                 count_flops: bool = True, batch: int = 8, optimizer: str = "adamw") -> ModelProfile:
+                 count_flops: bool = True, batch: int = 8, optimizer: str = "adamw",
+                 timed: bool | None = None) -> ModelProfile:
     """``real_pass``: measure activations with real tensors (default: when the model is
-    small enough to build on the CPU), else on the meta device. A real pass is also timed:
-    forward and backward at 1 and ``batch`` samples, and a step of ``optimizer``."""
+    small enough to build on the CPU), else on the meta device. ``timed``: a real pass is also
+    timed, forward and backward at 1 and ``batch`` samples and a step of ``optimizer``, for CPU
+    step times (default: on a machine without CUDA; GPU step times come from FLOPs, and timing
+    a 100M-parameter model on one CPU thread takes minutes)."""
     with torch.device("meta"):
         meta_model = task.build_model()
     shapes = [ParamShape.of(p) for p in meta_model.parameters() if p.requires_grad]
@@ -103,7 +106,9 @@ def profile_task(task: Any, name: str, precision: str = "fp32", real_pass: bool 
         samples = collate([dataset[i] for i in range(batch)])
         passes[batch] = _saved_bytes(model, blocks, task.loss, _to(samples, device), precision, device, count_flops)
     one, two = passes[1], passes[2]
-    if real:  # timed too: small models spend their step in per-op overhead FLOPs do not show
+    if timed is None:
+        timed = not torch.cuda.is_available()
+    if real and timed:  # small models spend their step in per-op overhead FLOPs do not show
         timed = max(2, min(batch, len(dataset)))
         times = {b: _fwd_bwd_seconds(model, task.loss, collate([dataset[i] for i in range(b)])) for b in (1, timed)}
         per = max(0.0, (times[timed] - times[1]) / (timed - 1))
