@@ -145,6 +145,12 @@ def _launch(
     else:
         spec.threads = threads_per_worker(config.scale.workers_per_node, config.scale.threads_per_worker)
     spec.attempt += 1
+    if config.checkpoint.enabled and spec.checkpoints is None:
+        # Resolved once, by the launcher that starts the run: a relative checkpoint.dir means
+        # the directory the run was started from, also for a resume started elsewhere.
+        from scaletrain.checkpoint.location import checkpoint_location
+
+        spec.checkpoints = checkpoint_location(config, spec.run_id, spec.run_dir)
     if config.scale.node_range[1] > 1 and rendezvous is None:
         rendezvous = _open_rendezvous(config, spec)
     launcher = launcher_for(config, rendezvous)

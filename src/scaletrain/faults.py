@@ -20,9 +20,12 @@ from dataclasses import dataclass
 
 from scaletrain.errors import ConfigError
 
-__all__ = ["Fault", "FaultPlan", "FAULT_ENV", "parse_faults"]
+__all__ = ["Fault", "FaultPlan", "FAULT_ENV", "parse_faults", "DENY_WRITES_ENV", "deny_writes"]
 
 FAULT_ENV = "SCALETRAIN_FAULT"
+# Testing: a worker may not write under this folder (the driver's run directory, which a worker
+# on another machine cannot reach): any attempt raises PermissionError.
+DENY_WRITES_ENV = "SCALETRAIN_DENY_WRITES"
 KINDS = ("raise", "sigkill", "sigterm", "sigusr1", "hang", "checkpoint_crash")
 
 
@@ -82,3 +85,36 @@ def _fire(fault: Fault) -> None:
             time.sleep(3600)
     sig = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}[fault.kind]
     os.kill(os.getpid(), sig)
+
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+_WRITE_EVENTS = {"os.mkdir", "os.rename", "os.replace", "os.remove", "os.rmdir", "os.truncate",
+                 "os.symlink", "os.link", "shutil.rmtree", "shutil.move", "os.chmod"}
+
+
+def deny_writes(root: str | None = None) -> bool:
+    """Install the write guard of DENY_WRITES_ENV (or ``root``) in this process: an audit hook
+    (it cannot be removed) that refuses Python-level writes under the folder. True if set."""
+    import sys
+
+    root = root or os.environ.get(DENY_WRITES_ENV)
+    if not root:
+        return False
+    guarded = os.path.realpath(root)
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open":
+            path, mode, flags = args
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & _WRITE_FLAGS)
+        elif event in _WRITE_EVENTS:
+            path, writing = args[0], True
+        else:
+            return
+        if writing and isinstance(path, (str, bytes, os.PathLike)):
+            target = os.path.realpath(os.fsdecode(path))
+            if target == guarded or target.startswith(guarded + os.sep):
+                raise PermissionError(f"{DENY_WRITES_ENV}: this worker may not write {target}")
+
+    sys.addaudithook(hook)
+    return True

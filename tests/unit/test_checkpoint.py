@@ -161,8 +161,10 @@ def test_time_based_checkpoints(tmp_path):
                   checkpoint={"every_minutes": 0.005, "at_end": False, "keep_last": 100})
     summary = scaletrain.run(job)
     names = sorted(p.name for p in checkpoints_of(summary).iterdir())
-    # 30 steps of >= 50 ms with a save every 0.3 s: a few saves, none at step 30 (at_end off).
-    assert 2 <= len(names) <= 8, names
+    # 30 steps of >= 50 ms with a save every 0.3 s: at least 2 saves, at most one per 0.3 s of
+    # training (a loaded machine trains slower, and so saves more), none at step 30 (at_end off).
+    training_s = summary["wall_time_s"] - summary["time_to_first_step_s"]
+    assert 2 <= len(names) <= training_s / 0.3 + 2, (names, training_s)
     assert "step-00000030" not in names
 
 

@@ -78,6 +78,7 @@ class CheckpointManager:
         async_save: bool = False,
         fault_hook: Any = None,
         local_rank: int | None = None,
+        before_commit: Any = None,
     ):
         self.storage: CheckpointStorage = open_storage(location)
         self.rank, self.world_size, self.strategy = rank, world_size, strategy
@@ -90,6 +91,7 @@ class CheckpointManager:
         self.policy = policy
         self.async_save = async_save
         self.fault_hook = fault_hook
+        self.before_commit = before_commit  # rank 0: called before a checkpoint becomes one
         # Checkpoint collectives get their own gloo group: an async save's background thread
         # must never interleave with the training collectives on the default group.
         self.group = collectives.new_gloo_group()
@@ -212,6 +214,8 @@ class CheckpointManager:
         files: dict[str, FileEntry] = {}
         for part in gathered:
             files.update(part)
+        if self.before_commit is not None:
+            self.before_commit()
         manifest = Manifest(
             step=step,
             world_size=self.world_size,

@@ -12,6 +12,11 @@ for whoever reaches it) and uses token authentication where the installed Ray ha
 RPC ports (Ray listens on every interface and has no option to restrict that) answer only
 holders of the token. Ray's logs stay out of the console (``logs/ray-driver.jsonl``, and
 ``logs/ray`` links the session's logs).
+
+Joining a cluster (scale.address, RAY_ADDRESS) is checked first, within scale.connect_timeout_s:
+something answers where Ray will connect, it is a Ray head, and it lets this process in, with
+the token Ray's CLI would use when the head asks for one; else one line says what to do
+(ray_join.py).
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ from typing import Any
 
 from scaletrain.errors import ConfigError, MissingExtraError, RunInterrupted, ScaletrainError
 from scaletrain.launch.base import Launcher, checked_result, worker_error
+from scaletrain.launch.ray_relay import FORCE_LOCAL_ENV, RunDirRelay, local_dir_for
+from scaletrain.launch.ray_join import (
+    CONNECT_TIMEOUT_S,
+    LOCAL_ONLY_ENV,
+    check_cluster_answers,
+    native_stderr_to,
+)
 from scaletrain.launch.spec import RunSpec
 
 __all__ = ["RayLauncher", "import_ray", "ray_session"]
@@ -37,8 +49,6 @@ _log = logging.getLogger("scaletrain_launcher.ray")  # launcher.jsonl
 _RAY_LOGGERS = ("ray", "ray.train", "ray.data", "ray.tune")
 
 
-# Ray's switch for clusters on macOS/Windows; "0" keeps a local instance on 127.0.0.1.
-LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def import_ray(local_instance: bool = False):
@@ -90,13 +100,20 @@ class RayLauncher(Launcher):
 
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
         checkpoint_dir = (spec.job.get("checkpoint") or {}).get("dir") or ""
-        if self.address and "://" not in checkpoint_dir:
-            _log.warning(
-                "checkpoints go to a local path (%s) while the workers may run on other machines: "
-                "every node must see it (a shared filesystem), or set checkpoint.dir to s3://...",
-                checkpoint_dir or str(Path(spec.run_dir) / "checkpoints"),
-            )
-        with ray_session(self.ray, self.address, spec.logs_dir):
+        timeout = (spec.job.get("scale") or {}).get("connect_timeout_s") or CONNECT_TIMEOUT_S
+        with ray_session(self.ray, self.address, spec.logs_dir, connect_timeout_s=timeout):
+            machines = len({n.get("NodeManagerAddress") for n in self.ray.nodes() if n.get("Alive")})
+            if spec.checkpoints and "://" not in spec.checkpoints and machines > 1:
+                if not checkpoint_dir:
+                    raise ConfigError(
+                        f"the Ray cluster spans {machines} machines and checkpoint.dir is not set: "
+                        f"checkpoints would go to {spec.checkpoints}, on this machine only; set "
+                        "checkpoint.dir to s3://... or a path every node mounts"
+                    )
+                _log.warning(
+                    "checkpoints go to a path (%s) while the workers may run on other machines: "
+                    "every node must mount it, or set checkpoint.dir to s3://...", spec.checkpoints,
+                )
             return self._fit(self.ray, spec, workers)
 
     def _fit(self, ray: Any, spec: RunSpec, workers: int) -> dict[str, Any]:
@@ -119,7 +136,8 @@ class RayLauncher(Launcher):
         mailbox = _mailbox_class(ray).options(num_cpus=0).remote()
         trainer = TorchTrainer(
             _train_loop,
-            train_loop_config={"spec": spec.__dict__, "mailbox": mailbox},
+            train_loop_config={"spec": spec.__dict__, "mailbox": mailbox,
+                               "driver_node": ray.get_runtime_context().get_node_id()},
             torch_config=TorchConfig(backend=backend, timeout_s=int(self.hang_timeout_s)),
             scaling_config=ScalingConfig(
                 num_workers=workers, use_gpu=bool(gpus), resources_per_worker=resources
@@ -154,16 +172,22 @@ class RayLauncher(Launcher):
 
 
 @contextlib.contextmanager
-def ray_session(ray: Any, address: str | None, logs_dir: Path) -> Iterator[None]:
-    """Connected to ``address`` (or a local instance started for the block), Ray's Python logs
-    in ``logs_dir/ray-driver.jsonl``; disconnected (and a local instance stopped) after."""
+def ray_session(
+    ray: Any, address: str | None, logs_dir: Path, connect_timeout_s: float = CONNECT_TIMEOUT_S
+) -> Iterator[None]:
+    """Connected to ``address`` (default RAY_ADDRESS; none: a local instance started for the
+    block), Ray's Python logs in ``logs_dir/ray-driver.jsonl``; disconnected (and a local
+    instance stopped) after. Joining takes at most about ``connect_timeout_s``."""
     from scaletrain.tracking.logs import route_loggers_to_file
 
     restore_logs = route_loggers_to_file(_RAY_LOGGERS, logs_dir / "ray-driver.jsonl")
     connected = False
     try:
-        connected = _connect(ray, address, logs_dir)
-        yield
+        connected = _connect(ray, address, logs_dir, connect_timeout_s)
+        # Ray prints the cluster's messages ("(raylet) A worker died...") on stdout, where
+        # `--json` promises one JSON object: they go to stderr instead.
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
     finally:
         if connected:  # disconnects; stops the instance only if we started it
             ray.shutdown()
@@ -174,7 +198,9 @@ def _forwarded_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name.startswith("SCALETRAIN_")}
 
 
-def _connect(ray: Any, address: str | None, logs_dir: Path) -> bool:
+def _connect(
+    ray: Any, address: str | None, logs_dir: Path, connect_timeout_s: float = CONNECT_TIMEOUT_S
+) -> bool:
     """Join ``address``, or start a local instance for this run. True when this call connected
     (the caller disconnects at the end); False when the process was connected already."""
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING, "configure_logging": False}
@@ -182,13 +208,19 @@ def _connect(ray: Any, address: str | None, logs_dir: Path) -> bool:
     os.environ.setdefault("RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS", "0")
     if ray.is_initialized():
         return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    token_from = None
     if address:
+        # Ray's C++ client writes its warnings to stderr, not to a logger: the check's (an
+        # unauthenticated first try, say) go to the file; ray.init, after it, is quiet.
+        with native_stderr_to(logs_dir / "ray-connect.log"):
+            token_from = check_cluster_answers(address, connect_timeout_s)
         try:
             context = ray.init(address=address, **quiet)
         except Exception as exc:
             raise ScaletrainError(
-                f"cannot join the Ray cluster at {address!r}: {str(exc).splitlines()[0][:200]}; "
-                "check --address / RAY_ADDRESS (and RAY_AUTH_TOKEN when the cluster uses tokens)"
+                f"cannot join the Ray cluster at {address!r}: "
+                f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]}"
             ) from None
         started = False
     else:  # token authentication: see import_ray
@@ -207,6 +239,7 @@ def _connect(ray: Any, address: str | None, logs_dir: Path) -> bool:
             "ray_node_ip": ray.util.get_node_ip_address(),
             "ray_dashboard": getattr(context, "dashboard_url", None) or None,
             "ray_auth_mode": _auth_mode(),
+            "ray_token_from": token_from,  # where the token came from, never the token
             "ray_resources": ray.cluster_resources(),
         },
     )
@@ -280,9 +313,21 @@ class _RemoteConsole:
     """Rank 0's side of the relay (a Reporter sink plus a logging handler): progress at the
     console cadence and warnings go to the mailbox, without waiting for it."""
 
-    def __init__(self, mailbox: Any):
+    def __init__(self, mailbox: Any, relay: Any = None):
         self.mailbox = mailbox
         self.log_handler = _WarningRelay(mailbox)
+        # On another machine than the driver's: the run's files are relayed, up to date at
+        # every checkpoint.
+        self.before_checkpoint = relay.flush if relay is not None else None
+
+    def mlflow_run_id(self) -> str | None:
+        """The job's MLflow run, as the driver saw it open (for checkpoint manifests)."""
+        import ray
+
+        try:
+            return ray.get(self.mailbox.mlflow_run.remote(), timeout=10)
+        except Exception:
+            return None
 
     def on_start(self, total_steps: int, start_step: int) -> None:
         self.mailbox.push.remote("start", {"total": total_steps, "start": start_step})
@@ -317,6 +362,8 @@ class _ConsoleRelay:
 
     def __init__(self, mailbox: Any, spec: RunSpec):
         self.mailbox = mailbox
+        self.run_dir = spec.run_dir
+        self.mlflow_run_sent = False
         self.total = 0
         self.log = logging.getLogger("scaletrain_launcher.ray.console")
         self.bar = None
@@ -340,10 +387,41 @@ class _ConsoleRelay:
                 events = ray.get(self.mailbox.drain.remote(), timeout=10)
             except Exception:
                 events = []
+            try:  # what workers on other machines relay for the run directory
+                self._write_files(ray.get(self.mailbox.drain_files.remote(), timeout=60))
+                self._answer(ray.get(self.mailbox.asked_files.remote(), timeout=10))
+                self._share_mlflow_run()
+            except Exception as exc:
+                self.log.warning("relaying the run's files failed: %s: %s", type(exc).__name__, exc)
             for kind, data in events:
                 self._show(kind, data)
             if stopping:
                 return
+
+    def _write_files(self, items: list) -> None:
+        """Workers on other machines relay the run's files (ray_relay.py): written here."""
+        from scaletrain.launch.ray_relay import write_relayed
+
+        for path in write_relayed(self.run_dir, items):
+            self.log.warning("ignored a relayed file outside the run's files: %r", path)
+
+    def _answer(self, asked: list[str]) -> None:
+        if asked:
+            from scaletrain.launch.ray_relay import read_asked
+
+            self.mailbox.provide_files.remote(read_asked(self.run_dir, asked))
+
+    def _share_mlflow_run(self) -> None:
+        """Once the tracking process has opened the job's MLflow run: its id, for checkpoint
+        manifests written on other machines."""
+        if self.mlflow_run_sent:
+            return
+        from scaletrain.tracking.session import recorded_run
+
+        run_id = (recorded_run(self.run_dir) or {}).get("run_id")
+        if run_id:
+            self.mailbox.set_mlflow_run.remote(run_id)
+            self.mlflow_run_sent = True
 
     def _show(self, kind: str, data: Any) -> None:
         from scaletrain.tracking.reporter import StepReport
@@ -381,6 +459,11 @@ def _mailbox_class(ray: Any):
                 self.stop: str | None = None
                 self._result: dict[str, Any] | None = None
                 self.events: list[tuple[str, Any]] = []  # rank 0 -> the launcher's console
+                self.files: list[tuple[str, int, bytes, bool, bool]] = []  # -> the run directory
+                self.file_bytes = 0
+                self.asked: list[str] = []  # files rank 0 continues, asked of the driver
+                self.provided: dict[str, bytes] | None = None
+                self.mlflow_run_id: str | None = None
 
             def register(self, rank: int) -> int:
                 """This rank's attempt number (all ranks restart together)."""
@@ -400,6 +483,38 @@ def _mailbox_class(ray: Any):
             def drain(self) -> list[tuple[str, Any]]:
                 events, self.events = self.events, []
                 return events
+
+            def write(self, path: str, offset: int, data: bytes, whole: bool, last: bool) -> None:
+                """A piece of a file for the driver's run directory (ray_relay.py)."""
+                self.files.append((path, offset, data, whole, last))
+                self.file_bytes += len(data)
+
+            def drain_files(self) -> list[tuple[str, int, bytes, bool, bool]]:
+                files, self.files, self.file_bytes = self.files, [], 0
+                return files
+
+            def backlog(self) -> int:
+                return self.file_bytes
+
+            def ask_files(self, paths: list[str]) -> None:
+                """Rank 0 on another machine asks for the driver's copies (ray_relay.py)."""
+                self.asked, self.provided = list(paths), None
+
+            def asked_files(self) -> list[str]:
+                asked, self.asked = self.asked, []
+                return asked
+
+            def provide_files(self, files: dict[str, bytes]) -> None:
+                self.provided = files
+
+            def provided_files(self) -> dict[str, bytes] | None:
+                return self.provided
+
+            def set_mlflow_run(self, run_id: str) -> None:
+                self.mlflow_run_id = run_id
+
+            def mlflow_run(self) -> str | None:
+                return self.mlflow_run_id
 
             def request_stop(self, signal_name: str) -> None:
                 self.stop = signal_name
@@ -456,12 +571,26 @@ def _train_loop(config: dict[str, Any]) -> None:
 
     if env.rank == 0:
         threading.Thread(target=poll_stop, name="scaletrain-stop-poll", daemon=True).start()
+    node = ray.get_runtime_context().get_node_id()
+    relay = None
+    if node != config["driver_node"] or os.environ.get(FORCE_LOCAL_ENV) == "1":
+        # Another machine than the driver's: write here, relay to the driver's run directory.
+        spec.local_dir = local_dir_for(spec.run_id, node)
+        relay = RunDirRelay(mailbox, spec.local_dir, env.rank)
+        if env.rank == 0:
+            relay.start()
     try:
         result = run_worker(
-            spec, env, stop=stop, node=ray.get_runtime_context().get_node_id(),
-            console=_RemoteConsole(mailbox), device=_assigned_gpu(),
+            spec, env, stop=stop, node=node, console=_RemoteConsole(mailbox, relay),
+            device=_assigned_gpu(),
         )
+    except BaseException:
+        if relay is not None:
+            relay.failed()
+        raise
     finally:
         done.set()
+    if relay is not None:  # rank 0: its files; every rank: its log
+        relay.finish() if env.rank == 0 else relay.finish(files=())
     if env.rank == 0:
         ray.get(mailbox.put_result.remote({**result, "restarts": int(os.environ[RESTART_COUNT_ENV])}))

@@ -70,7 +70,9 @@ def prepare_resume(
     if not any(item.split("=", 1)[0].strip() == "train.grad_accum" for item in overrides):
         config, notes = keep_global_batch(parse_job(spec.job, source=source), config)
     spec.job = config.model_dump(mode="json")
-    storage = open_storage(checkpoint_location(config, spec.run_id, spec.run_dir))
+    if any(item.split("=", 1)[0].strip().startswith("checkpoint.dir") for item in overrides):
+        spec.checkpoints = None  # moved on purpose: resolved again from here
+    storage = open_storage(spec.checkpoints or checkpoint_location(config, spec.run_id, spec.run_dir))
     if checkpoint is not None:
         try:
             manifest = storage.read_manifest(checkpoint)

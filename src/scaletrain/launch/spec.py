@@ -31,10 +31,19 @@ class RunSpec:
     tracking_run_id: str | None = None  # the job's MLflow run, once open (tracking/mlflow_run.json has it too)
     attempt: int = 0  # launches of this run: 1 for `run`, +1 for each `scaletrain resume`
     node_rank: int = 0  # several nodes: this launcher's (0: the driver, which tracks the run)
+    checkpoints: str | None = None  # where checkpoints go, resolved by the launcher
+    # Where a worker on another machine than the driver's writes (its logs, rank 0's outputs
+    # until they are relayed); None: the run directory itself (same machine, or shared).
+    local_dir: str | None = None
+
+    @property
+    def out_dir(self) -> Path:
+        """Where this process writes the run's files: the run directory, or its local stand-in."""
+        return Path(self.local_dir or self.run_dir)
 
     @property
     def logs_dir(self) -> Path:
-        return Path(self.run_dir) / "logs"
+        return self.out_dir / "logs"
 
     def worker_log(self, rank: int) -> Path:
         return self.logs_dir / f"worker-{rank}.jsonl"

@@ -41,7 +41,7 @@ from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.process_group import process_group
 from scaletrain.engine.control import Control, StopRequest, Watchdog
 from scaletrain.engine.trainer import Trainer, TrainResult
-from scaletrain.faults import FaultPlan
+from scaletrain.faults import FaultPlan, deny_writes
 from scaletrain.engine.weights import save_weights
 from scaletrain.launch.spec import RunSpec
 from scaletrain.task import build_task
@@ -87,6 +87,7 @@ def run_worker(
     worker's stderr does not reach the user (Ray); ``device``: the GPU the engine gave this
     worker (Ray Train), kept as it is."""
     env = env or DistEnv.from_env()
+    deny_writes()  # testing: SCALETRAIN_DENY_WRITES (a run directory this worker cannot reach)
     job = JobConfig.model_validate(spec.job)
     context = LogContext(spec.run_id, spec.trace_id, env.rank)
     undo_logging = setup_logging(
@@ -122,7 +123,7 @@ def run_worker(
         )
         with process_group(env, placement, needed=needs_group) as grouped:
             control = Control(grouped, stop, watchdog, _save_every_s(job))
-            result = _train(spec, job, env, placement, reporter, control)
+            result = _train(spec, job, env, placement, reporter, control, console)
             if grouped:
                 # Free DDP and its communication state while every peer is still connected:
                 # a reducer torn down after the group is gone can block on a departed rank.
@@ -157,7 +158,10 @@ def restart_count() -> int:
     return int(count or 0)
 
 
-def _checkpoints(spec: RunSpec, job: JobConfig, env: DistEnv, faults: FaultPlan) -> CheckpointManager | None:
+def _checkpoints(spec: RunSpec, job: JobConfig, env: DistEnv, faults: FaultPlan,
+                 console: Any = None) -> CheckpointManager | None:
+    """``console``: an engine's relay for rank 0 (Ray), which may give the MLflow run's id and
+    bring the run's files up to date before a checkpoint commits."""
     if not job.checkpoint.enabled:
         return None
     policy = RetentionPolicy(
@@ -168,16 +172,17 @@ def _checkpoints(spec: RunSpec, job: JobConfig, env: DistEnv, faults: FaultPlan)
         keep_every=job.checkpoint.keep_every,
     )
     return CheckpointManager(
-        checkpoint_location(job, spec.run_id, spec.run_dir),
+        spec.checkpoints or checkpoint_location(job, spec.run_id, spec.run_dir),
         rank=env.rank,
         world_size=env.world_size,
         strategy=job.scale.resolved_strategy,
-        scratch_dir=Path(spec.run_dir),
+        scratch_dir=spec.out_dir,  # staging for object storage, and this machine's cache
         identity={
             "run_id": spec.run_id,
             "run_dir": spec.run_dir,
             # Opened by the tracking process while the workers start: read when a checkpoint is written.
-            "mlflow_run_id": lambda: (recorded_run(spec.run_dir) or {}).get("run_id"),
+            "mlflow_run_id": getattr(console, "mlflow_run_id", None)
+            or (lambda: (recorded_run(spec.run_dir) or {}).get("run_id")),
             "config_hash": config_hash(job),
             "versions": {"scaletrain": __version__, "torch": torch.__version__},
         },
@@ -185,12 +190,13 @@ def _checkpoints(spec: RunSpec, job: JobConfig, env: DistEnv, faults: FaultPlan)
         async_save=job.checkpoint.async_save,
         fault_hook=faults.during_checkpoint if faults.active else None,
         local_rank=env.local_rank,
+        before_commit=getattr(console, "before_checkpoint", None),
     )
 
 
 def _train(
     spec: RunSpec, job: JobConfig, env: DistEnv, placement: Placement, reporter: Reporters,
-    control: Control,
+    control: Control, console: Any = None,
 ) -> TrainResult:
     """Build, resume if there is a checkpoint, fit; the trainer (model, DDP, optimizer) dies
     with this frame."""
@@ -202,7 +208,8 @@ def _train(
     faults = FaultPlan(env.rank, restart_count())
     trainer = Trainer(
         job, task, env, placement, reporter,
-        checkpoints=_checkpoints(spec, job, env, faults), control=control, faults=faults,
+        checkpoints=_checkpoints(spec, job, env, faults, console if env.is_main else None),
+        control=control, faults=faults,
     )
     resumed_at = trainer.restore()
     if restart_count() and env.is_main:  # the console's only sign that a worker failed
@@ -229,19 +236,19 @@ def _train(
             model.load_state_dict(trainer.final_state)
         save_weights(
             model,
-            os.path.join(spec.run_dir, WEIGHTS_FILE),
+            os.path.join(spec.out_dir, WEIGHTS_FILE),
             metadata={"run_id": spec.run_id, "step": str(result.steps)},
         )
         if job.tracking.enabled and job.tracking.log_model:
             example = example_input(task, trainer.train_set, trainer.collate or default_collate)
-            save_mlflow_model(model, os.path.join(spec.run_dir, MLFLOW_MODEL_DIR), example)
+            save_mlflow_model(model, os.path.join(spec.out_dir, MLFLOW_MODEL_DIR), example)
     return result
 
 
 def _write_card(spec: RunSpec, task: Any, dataset: Any, world_size: int) -> None:
     try:
         card = build_run_card(spec.job, data_fingerprint(task, dataset), world_size)
-        write_run_card(spec.run_dir, card, Redactor.for_config(spec.job))
+        write_run_card(spec.out_dir, card, Redactor.for_config(spec.job))
     except Exception:
         log.warning("could not write the run card", exc_info=True)
 
@@ -254,7 +261,7 @@ def _reporter_for(
         sinks.append(console)
     if env.is_main:
         sinks += [
-            MetricsFile(os.path.join(spec.run_dir, "metrics.jsonl"), every=job.train.log_every),
+            MetricsFile(os.path.join(spec.out_dir, "metrics.jsonl"), every=job.train.log_every),
             LogReporter(logging.getLogger(f"{LOGGER_NAME}.metrics"), every=job.train.log_every),
         ]
         if progress_wanted():
@@ -262,7 +269,7 @@ def _reporter_for(
         if job.tracking.enabled:  # journaled even while the tracker is unreachable
             sinks.append(
                 MlflowReporter(
-                    os.path.join(spec.run_dir, "tracking"),
+                    os.path.join(spec.out_dir, "tracking"),
                     every=job.tracking.log_every_steps or job.train.log_every,
                 )
             )
