@@ -197,3 +197,15 @@ def test_a_worker_failing_on_another_node_is_named_by_the_driver(tmp_path, s3_se
     logs = driver.run_dir() / "logs"
     assert json.loads((logs / "worker-1.error.json").read_text())["type"] == "RuntimeError"
     assert "worker failed: RuntimeError: injected failure on rank 1" in (logs / "worker-1.jsonl").read_text()
+
+
+def test_a_node_with_a_different_job_is_refused(tmp_path, s3_server):
+    job = node_job(tmp_path)
+    driver = Node(tmp_path, job, 0)
+    other = Node(tmp_path / "other", {**job, "optim": {**job["optim"], "lr": 0.5}}, 1)
+    outcome = other.wait(timeout=120)
+    assert other.code == 2
+    assert outcome["error"].startswith("node 1's job differs from the driver's (configuration hash ")
+    assert outcome["error"].endswith("start every node with the same job file and --set options")
+    driver.proc.send_signal(signal.SIGTERM)  # still waiting for node 1: stops before any worker
+    assert driver.wait(timeout=60)["status"] == "failed" and driver.code == 143

@@ -130,7 +130,8 @@ def test_validate_prints_the_resolved_job(tmp_path):
     resolved = yaml.safe_load(result.stdout)
     assert resolved["optim"]["lr"] == pytest.approx(3e-4)
     assert resolved["scale"] == {
-        "workers": 2, "engine": "local", "address": None, "strategy": "auto",
+        "workers": 2, "engine": "local", "backend": "auto", "address": None, "connect_timeout_s": 60.0,
+        "strategy": "auto", "nodes": 1, "rdzv_endpoint": None,
         "threads_per_worker": None, "cpus_per_worker": 1.0, "gpus_per_worker": None,
         "fsdp": {"reshard_after_forward": True, "param_dtype": None, "reduce_dtype": None,
                  "cpu_offload": False, "shard_size": None},
@@ -160,3 +161,40 @@ def test_help_does_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "Usage" in result.stdout
+
+
+def test_bad_multi_node_input_is_one_line_each(tmp_path):
+    path = write_job(tmp_path, toy_job(tmp_path, scale={"workers": 2}))
+    cases = {
+        ("--node-rank", "1"): "error: --node-rank 1: this job runs on one node (set scale.nodes)",
+        ("--nodes", "2"): "scale: 2 nodes need scale.rdzv_endpoint (HOST:PORT of node 0, e.g. "
+                          "--rdzv-endpoint 10.0.0.5:29400)",
+        ("--nodes", "3", "--rdzv-endpoint", "127.0.0.1:29400"):
+            "scale: scale.workers (2) must split evenly over 3 nodes; use a multiple of 3",
+        ("--nodes", "1:x"): "scale.nodes: must be a count or MIN:MAX, got '1:x'",
+        ("--nodes", "2", "--rdzv-endpoint", "nohost"):
+            "scale.rdzv_endpoint: must be HOST:PORT, e.g. 10.0.0.5:29400, got 'nohost'",
+        ("--nodes", "2", "--rdzv-endpoint", "127.0.0.1:29400", "--node-rank", "5"):
+            "error: --node-rank 5: this job runs on 2 nodes, ranks 0 to 1",
+        ("--set", "scale.backend=nccl"): "error: scale.backend is nccl but this machine has no CUDA device; "
+                                         "use auto or gloo",
+    }
+    for args, message in cases.items():
+        result = scaletrain_cli("run", str(path), *args)
+        assert result.returncode == 2, (args, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (args, result.stderr)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_node_whose_driver_never_answers_says_so_in_one_line(tmp_path):
+    from tests.helpers.servers import free_port
+
+    job = toy_job(tmp_path, scale={"workers": 2, "nodes": 2, "rdzv_endpoint": f"127.0.0.1:{free_port()}"},
+                  recovery={"node_wait_s": 2})
+    result = scaletrain_cli("run", str(write_job(tmp_path, job)), "--node-rank", "1")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: nothing answered at {job['scale']['rdzv_endpoint']} (the driver, node 0) within 2 s; "
+        "start node 0 first with the same job, and check scale.rdzv_endpoint (recovery.node_wait_s "
+        "sets the wait)"]

@@ -70,7 +70,9 @@ def choose_placement(
 
 
 def check_local_workers(workers: int, backend: str) -> None:
-    """Before any worker starts: more workers on this machine than GPUs need gloo."""
+    """Before any worker starts: NCCL needs GPUs, one per worker on this machine."""
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise PlacementError("scale.backend is nccl but this machine has no CUDA device; use auto or gloo")
     if backend != "gloo" and torch.cuda.is_available():
         gpus = torch.cuda.device_count()
         if workers > gpus:

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-__all__ = ["bound_listener", "host_store", "connect_store", "interface_of", "route_source"]
+__all__ = ["bound_listener", "host_store", "connect_store", "interface_of", "route_source", "wait_listening"]
 
 
 def bound_listener(host: str, port: int) -> socket.socket:
@@ -46,6 +46,21 @@ def host_store(host: str, port: int, timeout_s: float, world_size: int | None = 
 def connect_store(host: str, port: int, timeout_s: float, world_size: int | None = None) -> dist.TCPStore:
     """A client of the store on ``host:port``; retries until ``timeout_s``."""
     return dist.TCPStore(host, port, world_size, False, timedelta(seconds=timeout_s))
+
+
+def wait_listening(host: str, port: int, timeout_s: float) -> bool:
+    """True once something accepts connections on ``host:port``, False after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, max(0.1, timeout_s))):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.25)
 
 
 def route_source(host: str, port: int = 9) -> str:

@@ -23,7 +23,7 @@ class Launcher(ABC):
 
 # When one rank dies the others fail inside a collective; those errors are echoes, not causes.
 _ECHO_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError"}
-_BAD_INPUT_TYPES = {"TaskError", "ConfigError"}
+_BAD_INPUT_TYPES = {"TaskError", "ConfigError", "PlacementError"}
 _ECHO_TEXT = ("Connection closed by peer", "Connection reset by peer", "gloo/transport",
               "ncclRemoteError", "remote process exited")
 # NCCL failures that are causes, not echoes: bad usage (two ranks on one GPU), CUDA errors,

@@ -19,7 +19,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from scaletrain.distributed.stores import connect_store, host_store, interface_of, route_source
+from scaletrain.distributed.stores import (
+    connect_store,
+    host_store,
+    interface_of,
+    route_source,
+    wait_listening,
+)
 from scaletrain.errors import ConfigError, ScaletrainError
 
 __all__ = ["Rendezvous", "BACKEND", "NODE_RANK_ENV", "parse_endpoint", "for_job", "report_failure"]
@@ -87,6 +93,13 @@ class Rendezvous:
                 self.port = self.store.port
                 self.local_addr = self.host
             else:
+                # Asked in Python first: torch's store client prints a C++ trace per retry.
+                if not wait_listening(self.host, self.port, self.timeout_s):
+                    raise ScaletrainError(
+                        f"nothing answered at {self.endpoint} (the driver, node 0) within "
+                        f"{self.timeout_s:g} s; start node 0 first with the same job, and check "
+                        "scale.rdzv_endpoint (recovery.node_wait_s sets the wait)"
+                    )
                 self.store = connect_store(self.host, self.port, self.timeout_s)
                 self.local_addr = route_source(self.host, self.port)
         except (OSError, RuntimeError) as exc:
