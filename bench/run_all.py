@@ -40,6 +40,7 @@ BENCHES = {
     "recovery": ("recovery_time.py", ["--repeats", "1", "--variants", "scaletrain,torchrun"],
                  ["--repeats", "3"]),
     "ray": ("ray_engine.py", ["--repeats", "1", "--steps", "300"], ["--repeats", "3", "--steps", "600"]),
+    "nodes": ("nodes.py", ["--repeats", "1", "--steps", "600"], ["--repeats", "3", "--steps", "1200"]),
 }
 TARGETS = {"throughput": 0.97, "tracking": 0.01, "checkpoint_sync": 1.2, "async_stall": 0.10}
 
@@ -122,6 +123,16 @@ def rows(results: dict) -> list[dict]:
             r["ray_engine_vs_plain_ray_train"]["first_step_ratio"])
         add("throughput, Ray engine (steps/s)", _spread(st["steps_per_s"]), _spread(raw["steps_per_s"]) +
             " (plain Ray Train)", r["ray_engine_vs_plain_ray_train"]["steps_per_s_ratio"])
+    r = results.get("nodes", {})
+    if "rows" in r:
+        one, two = r["rows"]["one node"], r["rows"]["two nodes"]
+        add("two nodes (two launchers here, 1 worker each) vs one node, 2 workers (steps/s)",
+            f"{two['steps_per_s']:.0f}", f"{one['steps_per_s']:.0f} (one node)", r["two_over_one_steps_per_s"])
+        add("two nodes vs one node: time to first step (s)", f"{two['first_step_s']:.1f}",
+            f"{one['first_step_s']:.1f} (one node)", r["two_over_one_first_step"])
+        loss = r["node_loss"]
+        add("node lost for good (nodes 1:2): SIGKILL to first step on the surviving node (s)",
+            f"{loss['kill_to_first_step_s']:.1f}", f"recovery.node_wait_s {loss['node_wait_s']}", "")
     r = results.get("tracking", {})
     if "end_to_end" in r:
         crit = r["critical_path"]
