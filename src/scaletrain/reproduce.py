@@ -39,6 +39,10 @@ def reproduce(run_ref: str, uri: str, announce: Any = print) -> dict[str, Any]:
             before = compare_run_cards(recorded_card, current)
         else:
             before = ["the original run has no run card: nothing to compare the environment with"]
+        if not config.deterministic and _cuda():
+            # GPU kernels with atomics change the last bits from run to run.
+            before.append("deterministic: false on CUDA: the weights can differ in their last bits "
+                          "even when nothing else does (bit-exact runs need deterministic: true)")
         for line in before:
             announce(f"differs: {line}")
         if not before:
@@ -63,3 +67,9 @@ def reproduce(run_ref: str, uri: str, announce: Any = print) -> dict[str, Any]:
         "weights_sha256": summary.get("weights_sha256"),
         "summary": summary,
     }
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
