@@ -44,7 +44,10 @@ class RunDirRelay:
 
     def __init__(self, mailbox: Any, local_dir: str | Path, rank: int):
         self.mailbox, self.local_dir, self.rank = mailbox, Path(local_dir), rank
-        self.tailed = ["metrics.jsonl", "tracking/metrics.journal.jsonl", f"logs/worker-{rank}.jsonl"]
+        # Rank 0 writes the run's metrics; another rank only its log (a metrics file on its
+        # machine is an earlier attempt's, from when rank 0 ran there: never sent).
+        own = [f"logs/worker-{rank}.jsonl"]
+        self.tailed = ["metrics.jsonl", "tracking/metrics.journal.jsonl", *own] if rank == 0 else own
         self._sent: dict[str, int] = {}
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -59,12 +62,16 @@ class RunDirRelay:
         self._thread.start()
         return self
 
-    def _seed(self, timeout_s: float = 60.0) -> None:
+    def _call(self, method: str, *args: Any) -> Any:
+        """One mailbox call, waited for (the order of a rank's calls is the order it made them)."""
         import ray
 
-        ray.get(self.mailbox.ask_files.remote(self.tailed))
+        return ray.get(getattr(self.mailbox, method).remote(*args))
+
+    def _seed(self, timeout_s: float = 60.0) -> None:
+        self._call("ask_files", self.tailed)
         deadline = time.monotonic() + timeout_s
-        while (files := ray.get(self.mailbox.provided_files.remote())) is None:
+        while (files := self._call("provided_files")) is None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the driver sent no copy of {self.tailed} within {timeout_s:g} s")
             time.sleep(0.1)
@@ -104,8 +111,6 @@ class RunDirRelay:
             size = path.stat().st_size
         except FileNotFoundError:
             return
-        import ray
-
         with open(path, "rb") as handle:
             handle.seek(offset)
             while True:
@@ -113,16 +118,14 @@ class RunDirRelay:
                 last = offset + len(data) >= size
                 if data or (whole and last):
                     self._wait_for_room()
-                    ray.get(self.mailbox.write.remote(relpath, offset, data, whole, whole and last))
+                    self._call("write", relpath, offset, data, whole, whole and last)
                 offset += len(data)
                 if last:
                     break
         self._sent[relpath] = offset
 
     def _wait_for_room(self) -> None:
-        import ray
-
-        while ray.get(self.mailbox.backlog.remote()) > BACKLOG:
+        while self._call("backlog") > BACKLOG:
             time.sleep(0.2)
 
     def finish(self, files: list[str] = ("model.safetensors", "run_card.json", "mlflow_model")) -> None:
