@@ -68,7 +68,7 @@ def critical_path(job_file: str, blocks: int) -> dict:
     from scaletrain.distributed.device import choose_placement
     from scaletrain.distributed.env import DistEnv
     from scaletrain.engine.trainer import Trainer, TrainResult, _Window
-    from scaletrain.launch.spec import RunSpec
+    from scaletrain.rundir import RunSpec
     from scaletrain.launch.worker import _reporter_for
     from scaletrain.data.loader import train_loader
     from scaletrain.task import build_task

@@ -52,7 +52,7 @@ def run(
     ``tracking_tags`` go on the MLflow run. ``node_rank``: a job on several nodes (scale.nodes)
     runs one launcher per node; node 0, the driver, tracks the run, the others join it.
     """
-    from scaletrain.launch.spec import RunSpec
+    from scaletrain.rundir import RunSpec
 
     started_at = started_at or time.time()
     if tracking_tags is None and os.environ.get("SCALETRAIN_TRACKING_TAGS"):

@@ -21,11 +21,11 @@ def _resolve(path: str) -> tuple[CheckpointStorage, list[str] | None]:
         if (local / "spec.json").is_file():  # a run directory
             from scaletrain.checkpoint.location import checkpoint_location
             from scaletrain.config.schema import JobConfig
-            from scaletrain.launch.spec import RunSpec
+            from scaletrain.rundir import RunSpec
 
             spec = RunSpec.read(local / "spec.json")
             job = JobConfig.model_validate(spec.job)
-            return open_storage(checkpoint_location(job, spec.run_id, spec.run_dir)), None
+            return open_storage(spec.checkpoints or checkpoint_location(job, spec.run_id, spec.run_dir)), None
         if not local.exists():
             raise ConfigError(f"'{path}' does not exist; pass a run directory or a checkpoint folder")
     stripped = path.rstrip("/")

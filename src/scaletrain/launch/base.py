@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from scaletrain.errors import RunPreempted, WorkerFailedError
-from scaletrain.launch.spec import RunSpec
+from scaletrain.rundir import RunSpec
 
 __all__ = ["Launcher", "worker_error", "checked_result"]
 

@@ -7,7 +7,7 @@ from typing import Any
 from scaletrain.distributed.env import DistEnv
 from scaletrain.errors import ScaletrainError
 from scaletrain.launch.base import Launcher, checked_result, worker_error
-from scaletrain.launch.spec import RunSpec
+from scaletrain.rundir import RunSpec
 from scaletrain.launch.worker import run_worker
 
 __all__ = ["InProcessLauncher"]

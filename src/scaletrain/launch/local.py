@@ -23,7 +23,7 @@ from scaletrain.errors import RunInterrupted
 from scaletrain.launch.base import Launcher, checked_result, worker_error
 from scaletrain.launch.rendezvous import Rendezvous
 from scaletrain.launch.rendezvous import register as register_rendezvous
-from scaletrain.launch.spec import RunSpec
+from scaletrain.rundir import RunSpec
 from scaletrain.tracking.logs import route_loggers_to_file
 
 __all__ = ["LocalLauncher"]

@@ -40,7 +40,7 @@ from scaletrain.launch.ray_join import (
     check_cluster_answers,
     native_stderr_to,
 )
-from scaletrain.launch.spec import RunSpec
+from scaletrain.rundir import RunSpec
 
 __all__ = ["RayLauncher", "import_ray", "ray_session"]
 

@@ -17,7 +17,7 @@ from scaletrain.checkpoint.storage import open_storage, step_of
 from scaletrain.config import parse_job
 from scaletrain.config.schema import JobConfig
 from scaletrain.errors import ConfigError, ScaletrainError
-from scaletrain.launch.spec import RunSpec
+from scaletrain.rundir import RunSpec
 
 __all__ = ["prepare_resume", "find_run_dir", "keep_global_batch"]
 

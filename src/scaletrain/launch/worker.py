@@ -43,7 +43,7 @@ from scaletrain.engine.control import Control, StopRequest, Watchdog
 from scaletrain.engine.trainer import Trainer, TrainResult
 from scaletrain.faults import FaultPlan, deny_writes
 from scaletrain.engine.weights import save_weights
-from scaletrain.launch.spec import RunSpec
+from scaletrain.rundir import RunSpec
 from scaletrain.task import build_task
 from scaletrain.tracking.logs import LOGGER_NAME, LogContext, setup_logging
 from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR, example_input, save_mlflow_model

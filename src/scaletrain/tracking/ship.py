@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from scaletrain.config.schema import JobConfig
-    from scaletrain.launch.spec import RunSpec
+    from scaletrain.rundir import RunSpec
     from scaletrain.tracking.logs import LAUNCHER_LOGGER_NAME, LogContext, setup_logging
     from scaletrain.tracking.redact import Redactor
     from scaletrain.tracking.sender import process_cpu_s

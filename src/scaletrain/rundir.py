@@ -1,4 +1,6 @@
-"""What a launcher hands every worker: plain data, so any engine (local, Ray) can ship it."""
+"""The run directory and what a launcher hands every worker (RunSpec): plain data, so any engine
+(local, Ray) can ship it. A leaf: launchers, workers, the tracking process and the checkpoint
+tools all read it, and it imports nothing of scaletrain."""
 
 from __future__ import annotations
 
