@@ -73,7 +73,7 @@ def test_another_rank_sends_its_log_and_never_a_stale_metrics_file(tmp_path):
     (node / "metrics.jsonl").write_text(json.dumps({"step": 23}) + "\n")  # rank 0 ran here once
     (node / "logs" / "worker-1.jsonl").write_text('{"message": "worker finished"}\n')
     mailbox = Mailbox(driver)
-    LocalRelay(mailbox, node, rank=1).finish(files=())
+    LocalRelay(mailbox, node, rank=1).finish()
     mailbox.deliver()
     assert rows(driver / "metrics.jsonl") == [30]
     assert (driver / "logs" / "worker-1.jsonl").read_text() == '{"message": "worker finished"}\n'

@@ -38,6 +38,9 @@ class Placement:
         return "cpu:gloo,cuda:nccl" if self.backend == "nccl" else "gloo"
 
 
+_NCCL_WITHOUT_CUDA = "scale.backend is nccl but this machine has no CUDA device; use auto or gloo"
+
+
 class PlacementError(ConfigError):
     """The workers do not fit the devices as asked (one line: what to change)."""
 
@@ -54,9 +57,7 @@ def choose_placement(
     """
     if not torch.cuda.is_available():
         if backend == "nccl":
-            raise PlacementError(
-                "scale.backend is nccl but this machine has no CUDA device; use auto or gloo"
-            )
+            raise PlacementError(_NCCL_WITHOUT_CUDA)
         return Placement(torch.device("cpu"), "gloo")
     if engine_device is not None and engine_device.type == "cuda":
         device = engine_device
@@ -72,7 +73,7 @@ def choose_placement(
 def check_local_workers(workers: int, backend: str) -> None:
     """Before any worker starts: NCCL needs GPUs, one per worker on this machine."""
     if backend == "nccl" and not torch.cuda.is_available():
-        raise PlacementError("scale.backend is nccl but this machine has no CUDA device; use auto or gloo")
+        raise PlacementError(_NCCL_WITHOUT_CUDA)
     if backend != "gloo" and torch.cuda.is_available():
         gpus = torch.cuda.device_count()
         if workers > gpus:

@@ -25,8 +25,8 @@ def process_group(
 
     ``needed``: create one for a single worker too (ddp, fsdp and hsdp wrap the model in a
     group, also of one rank); it lives in this process (a HashStore: nothing listens).
-    Several workers read MASTER_ADDR/MASTER_PORT (or the agent's store) through ``env://``,
-    as torchrun and Ray Train set them. On a clean exit all ranks meet at a barrier before the
+    Several workers meet at MASTER_ADDR/MASTER_PORT, as torchrun and Ray Train set them
+    (_job_store). On a clean exit all ranks meet at a barrier before the
     group is destroyed, so no rank tears down a connection another rank is still using. A
     group the engine created (Ray Train does) is used as it is and left for the engine.
     """

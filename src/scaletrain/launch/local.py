@@ -72,8 +72,7 @@ class LocalLauncher(Launcher):
         # restarted gloo rank can connect to the previous attempt's dead peer (torch 2.13; seen
         # with plain torchrun too).
         worker_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **rendezvous.worker_env()}
-        saved = {name: os.environ.get(name) for name in worker_env}
-        os.environ.update(worker_env)  # the agent starts the workers with this process's env
+        restore_env = _set_environ(worker_env)  # the agent starts the workers with this env
         forwarder = _StopForwarder(self.grace_period_s).install()
         try:
             elastic_launch(config, sys.executable)("-m", "scaletrain.launch.worker", str(spec_file))
@@ -96,17 +95,28 @@ class LocalLauncher(Launcher):
         finally:
             forwarder.restore()
             restore()
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+            restore_env()
             if self.rendezvous is None:
                 rendezvous.close()
         result = _read_result(spec)
         if result is None:
             raise worker_error(spec, range(workers), {0: "rank 0 left no result"})
         return checked_result(spec, result)
+
+
+def _set_environ(values: dict[str, str]) -> Any:
+    """Set ``values`` in this process's environment; returns the function that puts it back."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+
+    def restore() -> None:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    return restore
 
 
 class _StopForwarder:

@@ -591,6 +591,6 @@ def _train_loop(config: dict[str, Any]) -> None:
     finally:
         done.set()
     if relay is not None:  # rank 0: its files; every rank: its log
-        relay.finish() if env.rank == 0 else relay.finish(files=())
+        relay.finish()
     if env.rank == 0:
         ray.get(mailbox.put_result.remote({**result, "restarts": int(os.environ[RESTART_COUNT_ENV])}))

@@ -128,9 +128,10 @@ class RunDirRelay:
         while self._call("backlog") > BACKLOG:
             time.sleep(0.2)
 
-    def finish(self, files: list[str] = ("model.safetensors", "run_card.json", "mlflow_model")) -> None:
+    def finish(self) -> None:
         """At the end: the growing files to their end (another rank: its log), then rank 0's
         final files, whole."""
+        files = ("model.safetensors", "run_card.json", "mlflow_model") if self.rank == 0 else ()
         self._done.set()
         if self._thread is not None:
             self._thread.join()

@@ -41,8 +41,8 @@ class FSDPStrategy(Strategy):
             param_dtype = DTYPES.get(options.param_dtype) if options.param_dtype else None
             # Gradients are summed in fp32 unless asked otherwise: FSDP2 would reduce them in
             # param_dtype, and a bf16 sum over many ranks loses small gradients.
-            reduce_dtype = DTYPES[options.reduce_dtype or "fp32"] if param_dtype is not None else (
-                DTYPES[options.reduce_dtype] if options.reduce_dtype else None)
+            reduce = options.reduce_dtype or ("fp32" if param_dtype is not None else None)
+            reduce_dtype = DTYPES[reduce] if reduce else None
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
             if options.cpu_offload:
                 kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=placement.device.type == "cuda")
