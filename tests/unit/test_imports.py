@@ -44,3 +44,25 @@ def test_config_and_cli_do_not_import_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_no_two_parts_of_the_package_import_each_other():
+    """Imports point one way (docs/architecture.md): no subpackage or top module of scaletrain
+    imports another that imports it back, lazily or not."""
+    import ast
+    from pathlib import Path
+
+    root = Path(scaletrain.__file__).parent
+    edges: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).parts
+        part = parts[0] if len(parts) > 1 else parts[0][:-3]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                if name.startswith("scaletrain.") and name.split(".")[1] != part:
+                    edges.setdefault(part, set()).add(name.split(".")[1])
+    both_ways = sorted({tuple(sorted((a, b))) for a, targets in edges.items() for b in targets
+                        if a in edges.get(b, ())})
+    assert both_ways == []
