@@ -1,12 +1,14 @@
 """On a CUDA machine: the planner's predicted peak memory per device against
-``torch.cuda.max_memory_allocated`` after the first step, for single, DDP and FSDP (with and
+``torch.cuda.max_memory_allocated`` over the first two steps, for single, DDP and FSDP (with and
 without resharding) on every GPU of the node. A tiny_gpt of about 100M parameters.
 
     .venv/bin/python bench/gpu_memory_check.py --out bench/results/gpu_memory.json
 
-Each rank logs what it holds after its first step (its "model state bytes" line): the state
+Each rank logs what it holds after its second step (its "model state bytes" line): the state
 bytes it measured (parameters, gradients, optimizer state) and, on CUDA, the peak it allocated
-since just before that step. The planner predicts both: the state bytes exactly, the peak as
+since training began. The second step is the first whose forward runs beside the optimizer's
+state; the first step's peak lacks it (on an H200, 2026-12-04, the prediction stood 20-38%
+over the first step's peak). The planner predicts both: the state bytes exactly, the peak as
 its memory total. bench/gpu_check.py runs the same comparison (``compare``) as its memory check,
 and on the CPU compares the state bytes, since a CPU has no allocator peak to read.
 """

@@ -42,7 +42,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def state_bytes_by_rank(run_dir: str | Path) -> dict[int, dict[str, int]]:
-    """What each rank measured it holds after its first step (its ``model state bytes`` log line)."""
+    """What each rank measured it holds after its second step (its ``model state bytes`` log line)."""
     found = {}
     for log in sorted(Path(run_dir, "logs").glob("worker-*.jsonl")):
         for line in log.read_text().splitlines():

@@ -26,7 +26,9 @@ from scaletrain.launch.rendezvous import register as register_rendezvous
 from scaletrain.rundir import RunSpec
 from scaletrain.tracking.logs import route_loggers_to_file
 
-__all__ = ["LocalLauncher"]
+__all__ = ["LocalLauncher", "launch_config"]
+
+log = logging.getLogger(__name__)
 
 # torch's own loggers for the agent and multiprocessing: their lines go to the launcher log.
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
@@ -51,7 +53,8 @@ class LocalLauncher(Launcher):
 
         rendezvous = self.rendezvous or Rendezvous.single_node(spec.run_id).open()
         register_rendezvous()
-        config = LaunchConfig(
+        config, config_env = launch_config(
+            LaunchConfig,
             nproc_per_node=workers,
             max_restarts=self.max_restarts,
             monitor_interval=0.1,
@@ -60,8 +63,7 @@ class LocalLauncher(Launcher):
             logs_specs=DefaultLogsSpecs(log_dir=str(spec.logs_dir / "elastic")),
             # The agent aborts on these. SIGTERM and SIGUSR1 are ours (_StopForwarder): the
             # workers checkpoint and stop, and the agent sees them finish, as on every node of
-            # the job. (torchrun forwards no SIGUSR1, pytorch #154849.) LaunchConfig's field
-            # overrides TORCHELASTIC_SIGNALS_TO_HANDLE, so it is set here.
+            # the job. (torchrun forwards no SIGUSR1, pytorch #154849.)
             signals_to_handle="SIGINT,SIGHUP,SIGQUIT",
             shutdown_timeout=max(1, int(self.grace_period_s)),
         )
@@ -71,7 +73,7 @@ class LocalLauncher(Launcher):
         # A fresh workers' store per attempt (rank 0 hosts it): with the agent's shared one, a
         # restarted gloo rank can connect to the previous attempt's dead peer (torch 2.13; seen
         # with plain torchrun too).
-        worker_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **rendezvous.worker_env()}
+        worker_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **rendezvous.worker_env(), **config_env}
         restore_env = _set_environ(worker_env)  # the agent starts the workers with this env
         forwarder = _StopForwarder(self.grace_period_s).install()
         try:
@@ -102,6 +104,25 @@ class LocalLauncher(Launcher):
         if result is None:
             raise worker_error(spec, range(workers), {0: "rank 0 left no result"})
         return checked_result(spec, result)
+
+
+def launch_config(config_class: Any, **options: Any) -> tuple[Any, dict[str, str]]:
+    """torch's LaunchConfig from the options this torch has, and the environment that stands in
+    for the ones it lacks. ``signals_to_handle`` is newer than torch 2.6 (older agents read
+    TORCHELASTIC_SIGNALS_TO_HANDLE); ``shutdown_timeout`` came in torch 2.12 (pytorch #172596):
+    before it the agent gives workers torch's 30 s between SIGTERM and SIGKILL when it stops
+    them itself (Ctrl-C, SIGHUP), whatever recovery.grace_period_s says. A torch 2.11 GPU
+    machine refused the field outright (bench/results/gpu.json of 2026-12-04)."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(config_class)}
+    env: dict[str, str] = {}
+    if "signals_to_handle" not in known and "signals_to_handle" in options:
+        env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = options["signals_to_handle"]
+    dropped = sorted(set(options) - known)
+    if dropped:
+        log.debug("this torch's LaunchConfig lacks %s", ", ".join(dropped))
+    return config_class(**{k: v for k, v in options.items() if k in known}), env
 
 
 def _set_environ(values: dict[str, str]) -> Any:

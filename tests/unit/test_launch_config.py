@@ -1,0 +1,39 @@
+"""The local launcher's LaunchConfig on the torch it finds: a field an older torch lacks is
+left out (or stands in the environment), never a TypeError before any worker starts (seen on
+a torch 2.11 GPU machine: ``unexpected keyword argument 'shutdown_timeout'``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch.distributed.launcher.api import LaunchConfig
+
+from scaletrain.launch.local import launch_config
+
+OPTIONS = dict(min_nodes=1, max_nodes=1, nproc_per_node=2, max_restarts=3,
+               signals_to_handle="SIGINT,SIGHUP,SIGQUIT", shutdown_timeout=45)
+
+
+def _older(*missing: str) -> type:
+    """LaunchConfig as a torch without ``missing`` declares it."""
+    kept = [(f.name, f.type, f) for f in dataclasses.fields(LaunchConfig) if f.name not in missing]
+    return dataclasses.make_dataclass("LaunchConfig", kept)
+
+
+def test_this_torch_takes_every_option():
+    config, env = launch_config(LaunchConfig, **OPTIONS)
+    assert (config.shutdown_timeout, config.signals_to_handle, config.nproc_per_node) == (45, "SIGINT,SIGHUP,SIGQUIT", 2)
+    assert env == {}
+
+
+def test_torch_2_11_without_shutdown_timeout():
+    config, env = launch_config(_older("shutdown_timeout"), **OPTIONS)
+    assert not hasattr(config, "shutdown_timeout")
+    assert (config.signals_to_handle, config.max_restarts) == ("SIGINT,SIGHUP,SIGQUIT", 3)
+    assert env == {}
+
+
+def test_torch_without_signals_to_handle_reads_them_from_the_environment():
+    config, env = launch_config(_older("shutdown_timeout", "signals_to_handle"), **OPTIONS)
+    assert not hasattr(config, "signals_to_handle")
+    assert env == {"TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGINT,SIGHUP,SIGQUIT"}
