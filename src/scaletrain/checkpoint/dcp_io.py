@@ -5,6 +5,11 @@ Saves hash every file as DCP writes it (the manifest needs a sha256 per file): n
 of the checkpoint's bytes, and a large buffer is hashed in another thread while it is written
 (hashlib and the write both release the GIL), so a save costs about max(write, hash), not
 their sum.
+
+Loads read nothing as code: DCP's index through the restricted unpickler (dcp_metadata.py),
+tensors and non-tensor items with ``torch.load(weights_only=True)``, and only files the
+verified manifest lists. DCP's own errors (a BaseException naming every rank's traceback) come
+back as one-line exceptions.
 """
 
 from __future__ import annotations
@@ -22,12 +27,17 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-__all__ = ["state_of", "save", "load", "Stager", "Written"]
+from scaletrain.checkpoint.dcp_metadata import read_metadata
+from scaletrain.checkpoint.manifest import METADATA_FILE, FileEntry
+
+__all__ = ["state_of", "save", "load", "Stager", "Written", "DcpError"]
 
 Written = dict[str, tuple[int, str]]  # file name -> (size, sha256), as written by this rank
 _OVERLAP_MIN_BYTES = 1 << 20  # below this, hashing inline is cheaper than a thread hand-off
@@ -36,6 +46,35 @@ _hasher: ThreadPoolExecutor | None = None
 # DCP announces "assuming single process" on every call without a process group.
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process.*")
+
+
+class DcpError(RuntimeError):
+    """DCP failed on some rank (the first failure, in one line)."""
+
+
+def _one_line(exc: CheckpointException) -> BaseException:
+    """The first rank's own exception out of DCP's CheckpointException."""
+    for rank, (error, _trace) in sorted(exc.failures.items()):
+        return error if isinstance(error, Exception) else DcpError(f"rank {rank}: {error!r}")
+    return DcpError("DCP failed without naming a rank")
+
+
+class _VerifiedReader(FileSystemReader):
+    """DCP's file reader, but its index is checked against the manifest and read with the
+    restricted unpickler (DCP's own runs pickle.load on it), on every rank that reads it."""
+
+    def __init__(self, path: str, files: dict[str, FileEntry]):
+        super().__init__(path)
+        self.files = files
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("rank") is not None:  # DCP's fallback to per-rank indexes: never ours
+            raise DcpError("a per-rank DCP index is not part of a scaletrain checkpoint")
+        with self.fs.create_stream(self.fs.concat_path(self.path, METADATA_FILE), "rb") as stream:
+            metadata = read_metadata(stream.read(), self.files)
+        metadata.storage_meta = metadata.storage_meta or StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
 
 class _SafeLoadPlanner(DefaultLoadPlanner):
@@ -120,12 +159,21 @@ def _writer(path: str) -> tuple[FileSystemWriter, Written]:
 def save(state: dict[str, Any], path: str, group: Any) -> Written:
     """Write ``state`` under ``path``; returns what this rank wrote, hashed."""
     writer, written = _writer(path)
-    dcp.save(state, checkpoint_id=path, storage_writer=writer, process_group=group)
+    try:
+        dcp.save(state, checkpoint_id=path, storage_writer=writer, process_group=group)
+    except CheckpointException as exc:
+        raise _one_line(exc) from None
     return written
 
 
 class _NotPlain(Exception):
     """The state holds a tensor subclass (FSDP's DTensor): DCP's stager rebuilds those."""
+
+
+# torch 2.11's DefaultStager clears its deep-copy dispatch table at the end of every stage (to
+# break a reference cycle), so its second stage raises KeyError: <class 'type'>; 2.12 stopped
+# doing that. There one stager serves one save (found on a torch 2.11 GPU machine's files).
+_STAGER_REUSABLE = torch.torch_version.TorchVersion(torch.__version__) >= (2, 12)
 
 
 class Stager:
@@ -153,7 +201,11 @@ class Stager:
                     use_non_blocking_copy=cuda,
                 ))
             result = self._dcp.stage(state)
-            return result.result() if isinstance(result, Future) else result
+            staged_state = result.result() if isinstance(result, Future) else result
+            if not _STAGER_REUSABLE:  # torch < 2.12 empties its stager after each stage
+                self._dcp.close()
+                self._dcp = None
+            return staged_state
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # the copies from the GPU were non-blocking
         return staged
@@ -180,9 +232,15 @@ class Stager:
             self._dcp = None
 
 
-def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, group: Any) -> None:
-    """Load a verified checkpoint into the model and optimizer, resharding as needed."""
+def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str,
+         files: dict[str, FileEntry], group: Any) -> None:
+    """Load a verified checkpoint (``files``: its manifest's) into the model and optimizer,
+    resharding as needed."""
     state = state_of(model, optimizer)
-    dcp.load(state, checkpoint_id=path, planner=_SafeLoadPlanner(), process_group=group)
+    reader = _VerifiedReader(path, files)
+    try:
+        dcp.load(state, storage_reader=reader, planner=_SafeLoadPlanner(), process_group=group)
+    except CheckpointException as exc:
+        raise _one_line(exc) from None
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"], options=StateDictOptions())
