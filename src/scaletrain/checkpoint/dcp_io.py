@@ -66,12 +66,17 @@ class _VerifiedReader(FileSystemReader):
     def __init__(self, path: str, files: dict[str, FileEntry]):
         super().__init__(path)
         self.files = files
+        self.refused: Exception | None = None  # why this rank refused the index
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("rank") is not None:  # DCP's fallback to per-rank indexes: never ours
             raise DcpError("a per-rank DCP index is not part of a scaletrain checkpoint")
         with self.fs.create_stream(self.fs.concat_path(self.path, METADATA_FILE), "rb") as stream:
-            metadata = read_metadata(stream.read(), self.files)
+            try:
+                metadata = read_metadata(stream.read(), self.files)
+            except Exception as exc:
+                self.refused = exc
+                raise
         metadata.storage_meta = metadata.storage_meta or StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
@@ -241,6 +246,6 @@ def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str,
     try:
         dcp.load(state, storage_reader=reader, planner=_SafeLoadPlanner(), process_group=group)
     except CheckpointException as exc:
-        raise _one_line(exc) from None
+        raise (reader.refused or _one_line(exc)) from None
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"], options=StateDictOptions())

@@ -6,7 +6,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from scaletrain.checkpoint.manifest import ManifestError
+from scaletrain.checkpoint.dcp_metadata import read_metadata
+from scaletrain.checkpoint.manifest import KEY_ENV, METADATA_FILE, CheckpointRefused, ManifestError, file_path
 from scaletrain.checkpoint.storage import CheckpointStorage, is_remote, open_storage, step_of
 from scaletrain.errors import ConfigError
 
@@ -39,7 +40,8 @@ def describe_checkpoints(path: str, verify: bool) -> list[dict[str, Any]]:
     """One row per checkpoint, oldest first: name, step, bytes, metrics, status, why.
 
     Without ``verify`` a checkpoint with a readable manifest is "committed"; with it every file
-    is hashed ("verified" or "corrupt")."""
+    is hashed and DCP's index read as data ("verified" or "corrupt"). A manifest or index that
+    scaletrain never writes, or a failed HMAC, is "refused", and nothing of it is fetched."""
     storage, only = _resolve(path)
     names = only or storage.names()
     rows = []
@@ -48,6 +50,9 @@ def describe_checkpoints(path: str, verify: bool) -> list[dict[str, Any]]:
             row: dict[str, Any] = {"name": name, "step": step_of(name), "location": storage.describe(name)}
             try:
                 manifest = storage.read_manifest(name)
+            except CheckpointRefused as exc:
+                rows.append({**row, "status": "refused", "why": str(exc)})
+                continue
             except ManifestError as exc:
                 rows.append({**row, "status": "incomplete", "why": str(exc)})
                 continue
@@ -63,8 +68,15 @@ def describe_checkpoints(path: str, verify: bool) -> list[dict[str, Any]]:
                 rows.append({**row, "status": "committed", "why": ""})
                 continue
             try:
-                manifest.check_dir(storage.local_copy(name, manifest, Path(cache)))
-                rows.append({**row, "status": "verified", "why": ""})
+                local = storage.local_copy(name, manifest, Path(cache))
+                manifest.check_dir(local)
+                read_metadata(file_path(local, METADATA_FILE).read_bytes(), manifest.files)
+            except CheckpointRefused as exc:
+                rows.append({**row, "status": "refused", "why": str(exc)})
             except (ManifestError, OSError) as exc:
                 rows.append({**row, "status": "corrupt", "why": str(exc)})
+            else:
+                unchecked = f"carries an HMAC, not checked: {KEY_ENV} is not set"
+                rows.append({**row, "status": "verified",
+                             "why": unchecked if manifest.signed_but_unchecked else ""})
     return rows

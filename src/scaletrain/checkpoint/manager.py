@@ -4,7 +4,13 @@ A checkpoint holds the model and optimizer (DCP: each rank writes its shards, so
 workers loads on M), plus ``trainer.json`` (step, epoch, samples, LR schedule, run ids, config
 hash). Every rank hashes the files it wrote; rank 0 writes the manifest last (storage.py). Loading
 verifies every hash before DCP reads a byte, and falls back to the previous checkpoint with one
-warning when the newest is damaged.
+warning when the newest is damaged; a checkpoint that holds what scaletrain never writes (or
+fails its HMAC) is refused outright.
+
+A save that fails (storage full, unwritable, unreachable) fails on every rank alike and costs a
+warning, never the run: training goes on, the next save tries again, and the final weights are
+still written. (Restarting would only redo the steps since the last checkpoint, from step 0
+when there is none, and meet the same storage.)
 """
 
 from __future__ import annotations
@@ -22,7 +28,17 @@ from typing import Any
 
 import torch
 
-from scaletrain.checkpoint.manifest import FileEntry, Manifest, ManifestError, hash_files
+from scaletrain.checkpoint.manifest import (
+    KEY_ENV,
+    METADATA_FILE,
+    TRAINER_STATE_FILE,
+    CheckpointRefused,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    file_path,
+    hash_files,
+)
 from scaletrain.checkpoint.retention import RetentionPolicy, to_delete
 from scaletrain.checkpoint.storage import (
     CheckpointStorage,
@@ -36,7 +52,6 @@ from scaletrain.errors import ScaletrainError
 
 __all__ = ["CheckpointManager", "Restored", "TRAINER_STATE_FILE", "CheckpointError"]
 
-TRAINER_STATE_FILE = "trainer.json"
 log = logging.getLogger("scaletrain.checkpoint")
 
 
@@ -49,6 +64,17 @@ class Restored:
     name: str
     step: int
     trainer_state: dict[str, Any]
+
+
+@dataclass
+class _Choice:
+    """Rank 0's pick, sent to every rank: the checkpoint, where rank 0 verified it, its
+    manifest (every machine checks its own copy against this one), or why none is usable."""
+
+    name: str
+    local_dir: str = ""
+    manifest: Manifest | None = None
+    error: str = ""
 
 
 @dataclass
@@ -105,31 +131,75 @@ class CheckpointManager:
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              trainer_state: dict[str, Any], metrics: dict[str, float]) -> None:
-        """Write a checkpoint of ``step``. Synchronous unless async_save; every rank calls it."""
+        """Write a checkpoint of ``step``. Synchronous unless async_save; every rank calls it.
+        A failure anywhere is a warning on every rank (see the module's docstring)."""
         self.wait_pending()
         name = checkpoint_name(step)
         staging = self.storage.staging_dir(name, self.scratch_dir)
+        error = None
         if self.rank == 0:
-            if self._retention is not None:  # a delete in flight looks like an unfinished save
-                self._retention.join()
-            for removed in self.storage.sweep_incomplete():
-                log.info("removed an unfinished checkpoint save: %s", removed)
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-            identity = {key: _value(value) for key, value in self.identity.items()}
-            state = {**trainer_state, **identity, "step": step, "world_size": self.world_size}
-            (staging / TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
-        self._barrier()
+            try:
+                self._prepare(step, staging, trainer_state)
+            except Exception as exc:
+                error = exc
+        if not self._all_ready(name, error):  # the barrier before DCP writes
+            return
         from scaletrain.checkpoint import dcp_io
 
         state = dcp_io.state_of(model, optimizer)
         if not self.async_save:
-            written = dcp_io.save(state, str(staging), self.group)
-            self._crash_point(step)
-            entries = self._own_files_hashed(staging, written)
-            self.storage.publish(name, staging, list(entries))
+            try:
+                written = dcp_io.save(state, str(staging), self.group)
+                self._crash_point(step)
+                entries: dict[str, FileEntry] | str = self._own_files_hashed(staging, written)
+                self.storage.publish(name, staging, list(entries))
+            except Exception as exc:
+                entries = _failure(exc)
             self._commit(name, step, staging, metrics, entries)
             return
+        pending = _Pending(name, step, staging, metrics, threading.Event())
+        try:
+            staged = self._stage(state)
+        except Exception as exc:  # agreed on, with the other ranks, at the commit
+            pending.error = exc
+            pending.done.set()
+        else:
+            assert self._jobs is not None
+            self._jobs.put((pending, staged))
+        self._pending = pending
+
+    def _prepare(self, step: int, staging: Path, trainer_state: dict[str, Any]) -> None:
+        """Rank 0: clear what earlier saves left, and write the trainer's state."""
+        if self._retention is not None:  # a delete in flight looks like an unfinished save
+            self._retention.join()
+        for removed in self.storage.sweep_incomplete():
+            log.info("removed an unfinished checkpoint save: %s", removed)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        identity = {key: _value(value) for key, value in self.identity.items()}
+        state = {**trainer_state, **identity, "step": step, "world_size": self.world_size}
+        (staging / TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
+
+    def _all_ready(self, name: str, error: BaseException | None) -> bool:
+        """Every rank learns whether any failed (one all-reduce: the cost of a barrier)."""
+        failed = collectives.all_reduce(torch.tensor([float(error is not None)]), "max", self.group)
+        if failed.item():
+            self._save_failed(name, _failure(error) if error is not None else "")
+        return not failed.item()
+
+    def _save_failed(self, name: str, why: str) -> None:
+        """The warning for a save that failed: its reason on the rank it failed on, a pointer
+        from rank 0 when that was another."""
+        if why:
+            log.warning("saving checkpoint %s failed: %s; the run goes on without it",
+                        self.storage.describe(name), why)
+        elif self.rank == 0:
+            log.warning("saving checkpoint %s failed on another rank (its log says why); "
+                        "the run goes on without it", self.storage.describe(name))
+
+    def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        from scaletrain.checkpoint import dcp_io
+
         if self._stager is None:
             self._stager = dcp_io.Stager()
             self._jobs = queue.Queue()
@@ -139,10 +209,7 @@ class CheckpointManager:
             device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
             threading.Thread(target=self._write_saves, args=(self._jobs, device), daemon=True,
                              name="scaletrain-ckpt").start()
-        pending = _Pending(name, step, staging, metrics, threading.Event())
-        assert self._jobs is not None
-        self._jobs.put((pending, self._stager.stage(state)))  # the copy is the only stall
-        self._pending = pending
+        return self._stager.stage(state)  # the copy is the only stall
 
     def _write_saves(self, jobs: queue.Queue, device: int | None) -> None:
         """The writer thread: one async save at a time, until close()."""
@@ -179,14 +246,8 @@ class CheckpointManager:
         if pending is None:
             return
         pending.done.wait()
-        failed = collectives.all_reduce(torch.tensor([1.0 if pending.error else 0.0]), "max", self.group)
-        if pending.error is not None:
-            raise CheckpointError(
-                f"saving checkpoint {pending.name} failed: {type(pending.error).__name__}: {pending.error}"
-            ) from pending.error
-        if failed.item():
-            raise CheckpointError(f"saving checkpoint {pending.name} failed on another rank")
-        self._commit(pending.name, pending.step, pending.staging, pending.metrics, pending.entries or {})
+        entries = _failure(pending.error) if pending.error is not None else pending.entries or {}
+        self._commit(pending.name, pending.step, pending.staging, pending.metrics, entries)
 
     def _own_files_hashed(self, staging: Path, written: dict[str, tuple[int, str]]) -> dict[str, FileEntry]:
         """The files this rank wrote (DCP names them ``__<rank>_<n>.distcp``), with the hashes
@@ -195,7 +256,7 @@ class CheckpointManager:
         own = re.compile(rf"^__{self.rank}_\d+\.distcp$")
         names = [p.name for p in staging.iterdir() if own.match(p.name)]
         if self.rank == 0:
-            names += [".metadata", TRAINER_STATE_FILE]
+            names += [METADATA_FILE, TRAINER_STATE_FILE]
         entries: dict[str, FileEntry] = {}
         for name in sorted(names):
             size, digest = written.get(name, (-1, ""))
@@ -206,11 +267,25 @@ class CheckpointManager:
         return entries
 
     def _commit(self, name: str, step: int, staging: Path, metrics: dict[str, float],
-                entries: dict[str, FileEntry]) -> None:
+                entries: dict[str, FileEntry] | str) -> None:
+        """Every rank's files (or why it failed) to every rank; rank 0 writes the manifest."""
         gathered = collectives.all_gather_object(entries, self.group)
-        self.last_saved_step = step
-        if self.rank != 0:
+        if any(isinstance(part, str) for part in gathered):
+            self._save_failed(name, entries if isinstance(entries, str) else "")
             return
+        if self.rank != 0:
+            self.last_saved_step = step
+            return
+        try:
+            self._write_manifest(name, step, staging, metrics, gathered)
+        except Exception as exc:  # only rank 0 writes it: the others have gone on already
+            self._save_failed(name, _failure(exc))
+            return
+        self.last_saved_step = step
+        self._apply_retention()
+
+    def _write_manifest(self, name: str, step: int, staging: Path, metrics: dict[str, float],
+                        gathered: list[dict[str, FileEntry]]) -> None:
         files: dict[str, FileEntry] = {}
         for part in gathered:
             files.update(part)
@@ -228,10 +303,9 @@ class CheckpointManager:
             created_at=time.time(),
             versions=self.identity.get("versions", {}),
         )
-        self.storage.commit(name, staging, manifest)
+        self.storage.commit(name, staging, manifest.sign())
         log.info("checkpoint saved", extra={"checkpoint": self.storage.describe(name),
                                             "bytes": manifest.total_bytes})
-        self._apply_retention()
 
     def _apply_retention(self) -> None:
         """Off the training thread: deleting old checkpoints can take a while on object storage."""
@@ -281,73 +355,93 @@ class CheckpointManager:
                        only: str | None = None) -> Restored | None:
         """Load the newest checkpoint that verifies (every rank calls it); None when there is none.
 
-        Rank 0 picks and verifies; the chosen name is broadcast; on object storage the first
-        worker of every other machine downloads and verifies it into that machine's cache (no
-        machine reads another's disk); then every rank loads its part through DCP.
+        Rank 0 picks and verifies (hashes, HMAC, DCP's index); the choice and its manifest are
+        broadcast; on object storage the first worker of every other machine downloads and
+        verifies it against that manifest into its machine's cache (no machine reads another's
+        disk); then every rank loads its part through DCP.
         """
         choice = self._pick_verified(only) if self.rank == 0 else None
         choice = collectives.broadcast_object(choice, 0, self.group)
         if choice is None:
             return None
-        name, local_dir = choice
-        if isinstance(local_dir, str) and local_dir.startswith("error:"):
-            raise CheckpointError(local_dir[len("error:"):])
-        local_dir = self._on_this_machine(name, local_dir)
+        if choice.error:
+            raise CheckpointError(choice.error)
+        local_dir = self._on_this_machine(choice)
         from scaletrain.checkpoint import dcp_io
 
-        dcp_io.load(model, optimizer, local_dir, self.group)
-        trainer_state = json.loads(Path(local_dir, TRAINER_STATE_FILE).read_text(encoding="utf-8"))
-        self.last_saved_step = step_of(name)
-        return Restored(name, int(trainer_state["step"]), trainer_state)
+        try:
+            dcp_io.load(model, optimizer, local_dir, choice.manifest.files, self.group)
+        except CheckpointRefused as exc:  # changed since rank 0 verified it
+            raise CheckpointError(f"checkpoint {self.storage.describe(choice.name)} refused: {exc}") from None
+        trainer_state = json.loads(file_path(local_dir, TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+        self.last_saved_step = step_of(choice.name)
+        return Restored(choice.name, int(trainer_state["step"]), trainer_state)
 
-    def _on_this_machine(self, name: str, rank0_dir: str) -> str:
-        """Where this rank reads checkpoint ``name``: the storage's folder itself (a shared
+    def _on_this_machine(self, choice: _Choice) -> str:
+        """Where this rank reads the chosen checkpoint: the storage's folder itself (a shared
         path), or this machine's verified copy of it (object storage)."""
         if not is_remote(self.storage.location):
-            return rank0_dir
+            return choice.local_dir
         cache = self.scratch_dir / "checkpoint-cache"
         error = ""
         if self.local_rank == 0 and self.rank != 0:
             try:
-                manifest = self.storage.read_manifest(name)
-                manifest.check_dir(self.storage.local_copy(name, manifest, cache))
+                choice.manifest.check_dir(self.storage.local_copy(choice.name, choice.manifest, cache))
             except (ManifestError, OSError) as exc:
-                error = f"checkpoint {self.storage.describe(name)} failed verification on this machine: {exc}"
+                where = self.storage.describe(choice.name)
+                error = f"checkpoint {where} failed verification on this machine: {exc}"
         errors = collectives.all_gather_object(error, self.group)
         if any(errors):  # every rank stops, none waits for a peer that gave up
             raise CheckpointError(next(e for e in errors if e))
-        return str(cache / name)
+        return str(cache / choice.name)
 
-    def _pick_verified(self, only: str | None) -> tuple[str, str] | None:
-        manifests = self.committed_manifests()
-        names = [only] if only else list(reversed(manifests))
-        if only and only not in manifests:
-            return (only, f"error:checkpoint {self.storage.describe(only)} has no valid manifest")
-        for name in names:
-            manifest = manifests[name]
+    def _pick_verified(self, only: str | None) -> _Choice | None:
+        """Rank 0: the newest checkpoint whose files match its manifest, falling back past a
+        damaged one with a warning; a refused one (tampered, or failing the HMAC) stops it."""
+        for name in [only] if only else list(reversed(self.storage.names())):
+            where = self.storage.describe(name)
+            try:
+                manifest = self.storage.read_manifest(name)
+            except CheckpointRefused as exc:
+                return _Choice(name, error=f"checkpoint {where} refused: {exc}")
+            except ManifestError:  # an unfinished save: not a checkpoint
+                if only:
+                    return _Choice(name, error=f"checkpoint {where} has no valid manifest")
+                continue
             try:
                 local = self.storage.local_copy(name, manifest, self.scratch_dir / "checkpoint-cache")
                 manifest.check_dir(local)
+                _check_index(local, manifest)
+            except CheckpointRefused as exc:
+                return _Choice(name, error=f"checkpoint {where} refused: {exc}")
             except (ManifestError, OSError) as exc:
-                log.warning(
-                    "checkpoint %s failed verification (%s); %s",
-                    self.storage.describe(name), exc,
-                    "cannot resume from it" if only else "using the previous one",
-                )
+                log.warning("checkpoint %s failed verification (%s); %s", where, exc,
+                            "cannot resume from it" if only else "using the previous one")
                 if only:
-                    return (name, f"error:checkpoint {self.storage.describe(name)} failed verification: {exc}")
+                    return _Choice(name, error=f"checkpoint {where} failed verification: {exc}")
                 continue
-            log.info("resuming from checkpoint %s", self.storage.describe(name))
-            return (name, str(local))
+            if manifest.signed_but_unchecked:
+                log.warning("checkpoint %s carries an HMAC, but %s is not set: its integrity is "
+                            "checked, its authenticity is not", where, KEY_ENV)
+            log.info("resuming from checkpoint %s", where)
+            return _Choice(name, str(local), manifest)
         return None
 
     def _crash_point(self, step: int) -> None:
         if self.fault_hook is not None:
             self.fault_hook(step)
 
-    def _barrier(self) -> None:
-        collectives.barrier(self.group)
-
 
 def _value(item: Any) -> Any:
     return item() if callable(item) else item
+
+
+def _check_index(local: Path, manifest: Manifest) -> None:
+    """DCP's index read as data (what dcp_io's reader does again on every rank)."""
+    from scaletrain.checkpoint.dcp_metadata import read_metadata
+
+    read_metadata(file_path(local, METADATA_FILE).read_bytes(), manifest.files)
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

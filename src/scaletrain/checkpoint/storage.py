@@ -8,7 +8,12 @@ read, and the storage never offers a half-written checkpoint under a checkpoint'
 - local: files are written to ``.staging-<name>`` beside the checkpoints, the manifest is
   written and fsynced, then the folder is renamed into place and the parent fsynced;
 - object storage: each file is uploaded and its size confirmed, then the manifest is
-  uploaded. Reading downloads into a local cache and verifies before anything is loaded.
+  uploaded. Reading downloads into a local cache and verifies before anything is loaded; only
+  the names a manifest may hold are downloaded, and only into the cache.
+
+A checkpoint set aside (``scaletrain resume CHECKPOINT`` on the newer ones) keeps its files and
+manifest under ``superseded-step-N`` (``-2``, ``-3``... when that step was set aside before), out
+of the way of the step being saved again.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from scaletrain.checkpoint.atomic import fsync_dir, write_text_atomic
-from scaletrain.checkpoint.manifest import MANIFEST_FILE, Manifest, ManifestError
+from scaletrain.checkpoint.manifest import MANIFEST_FILE, Manifest, ManifestError, file_path
 from scaletrain.errors import ConfigError
 
 __all__ = [
@@ -33,7 +38,7 @@ __all__ = [
     "is_remote",
 ]
 
-_NAME = re.compile(r"^step-(\d{8,})$")
+_NAME = re.compile(r"^step-([0-9]{8,})$")
 _STAGING_PREFIX = ".staging-"
 
 
@@ -48,6 +53,21 @@ def step_of(name: str) -> int | None:
 
 def is_remote(location: str) -> bool:
     return "://" in location and not location.startswith("file://")
+
+
+def _checked(name: str) -> str:
+    if step_of(name) is None:
+        raise ManifestError(f"{name!r} is not a checkpoint name (step-NNNNNNNN)")
+    return name
+
+
+def _aside_name(name: str, taken: set[str]) -> str:
+    """``superseded-<name>``, or with the first free ``-N`` when that step was set aside before."""
+    candidate, count = f"superseded-{name}", 1
+    while candidate in taken:
+        count += 1
+        candidate = f"superseded-{name}-{count}"
+    return candidate
 
 
 class CheckpointStorage(ABC):
@@ -140,7 +160,7 @@ class LocalStorage(CheckpointStorage):
         return Manifest.from_json(text)
 
     def local_copy(self, name: str, manifest: Manifest, cache: Path) -> Path:
-        return self.root / name
+        return self.root / _checked(name)
 
     def delete(self, name: str) -> None:
         # Renamed first, so a crash mid-delete leaves no half checkpoint under a valid name.
@@ -149,8 +169,8 @@ class LocalStorage(CheckpointStorage):
         shutil.rmtree(aside)
 
     def set_aside(self, name: str) -> str:
-        target = self.root / f"superseded-{name}"
-        os.replace(self.root / name, target)
+        target = self.root / _aside_name(name, set(os.listdir(self.root)))
+        os.rename(self.root / name, target)
         fsync_dir(self.root)
         return str(target)
 
@@ -219,12 +239,11 @@ class ObjectStorage(CheckpointStorage):
         return Manifest.from_json(data)
 
     def local_copy(self, name: str, manifest: Manifest, cache: Path) -> Path:
-        target = cache / name
+        target = cache / _checked(name)
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
         for file in manifest.files:
-            local = target / file
-            local.parent.mkdir(parents=True, exist_ok=True)
+            local = file_path(target, file)  # refused before anything is fetched or written
             try:
                 self.fs.get_file(self._key(name, file), str(local))
             except FileNotFoundError:
@@ -240,15 +259,23 @@ class ObjectStorage(CheckpointStorage):
         self.fs.rm(self._key(name), recursive=True)
 
     def set_aside(self, name: str) -> str:
-        # Objects cannot be renamed cheaply; without its commit marker it is no checkpoint.
-        target = self._key(name, f"superseded-{MANIFEST_FILE}")
-        self.fs.mv(self._key(name, MANIFEST_FILE), target)
-        return target
+        # Objects cannot be renamed: each is copied (on the server, the manifest last), then
+        # the original deleted (its manifest first). A crash in between leaves both.
+        self.fs.invalidate_cache()
+        taken = {entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(self.path, detail=False)}
+        aside = _aside_name(name, taken)
+        source, target = self._key(name), self._key(aside)
+        keys = sorted(self.fs.find(source), key=lambda key: key.endswith("/" + MANIFEST_FILE))
+        for key in keys:
+            self.fs.copy(key, f"{target}/{key[len(source) + 1:]}")
+        self.delete(name)
+        return self.describe(aside)
 
     def sweep_incomplete(self) -> list[str]:
         """Uploads without a manifest: a save that crashed (only this run writes here)."""
         removed = []
         for name in self.names():
+            # superseded-manifest.json: how earlier versions set a step aside, in place
             markers = (MANIFEST_FILE, f"superseded-{MANIFEST_FILE}")
             if not any(self.fs.exists(self._key(name, marker)) for marker in markers):
                 try:
