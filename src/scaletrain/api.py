@@ -15,7 +15,7 @@ from scaletrain.errors import RunInterrupted, RunPreempted, ScaletrainError
 from scaletrain.tracking.logs import LAUNCHER_LOGGER_NAME, LogContext, setup_logging
 from scaletrain.tracking.redact import Redactor
 
-__all__ = ["run", "resume", "resolve_job"]
+__all__ = ["run", "resume", "resolve_job", "preflight"]
 
 _launcher_log = logging.getLogger(f"{LAUNCHER_LOGGER_NAME}.tracking")
 
@@ -52,7 +52,7 @@ def run(
     ``tracking_tags`` go on the MLflow run. ``node_rank``: a job on several nodes (scale.nodes)
     runs one launcher per node; node 0, the driver, tracks the run, the others join it.
     """
-    from scaletrain.rundir import RunSpec
+    from scaletrain.rundir import RunLock, RunSpec
 
     started_at = started_at or time.time()
     if tracking_tags is None and os.environ.get("SCALETRAIN_TRACKING_TAGS"):
@@ -66,7 +66,13 @@ def run(
         run_id, trace = info["run_id"], {"trace_id": info["trace_id"]}
     spec = RunSpec.in_dir(config.model_dump(mode="json"), config.run_dir, run_id=run_id,
                           python_path=search_path, node_rank=node_rank, **trace)
-    return _launch(config, spec, started_at, tracking_tags, rendezvous=rendezvous)
+    # The run directory is this launcher's while it lives (rundir.RunLock), taken once the
+    # job and its pre-flight pass: bad input leaves no run directory behind.
+    lock = RunLock(spec.run_dir, spec.run_id, node_rank)
+    try:
+        return _launch(config, spec, started_at, tracking_tags, rendezvous=rendezvous, lock=lock)
+    finally:
+        lock.release()
 
 
 def resume(
@@ -81,13 +87,15 @@ def resume(
     checkpoint folder of a run (newer checkpoints of that run are set aside, not deleted).
     Overrides may change how it runs (``scale.workers``...), not what it computes: a changed
     global batch is refused by the workers. The MLflow run continues (``scaletrain.attempts``).
+    Refused (RunInUse, exit 2) while another launcher uses the run directory.
     """
     from scaletrain.launch.resume import prepare_resume
 
     started_at = started_at or time.time()
-    spec, notes = prepare_resume(str(target), overrides)
-    config = JobConfig.model_validate(spec.job)
-    return _launch(config, spec, started_at, None, notes)
+    spec, notes, lock = prepare_resume(str(target), overrides)  # the run directory, locked
+    with lock:
+        config = JobConfig.model_validate(spec.job)
+        return _launch(config, spec, started_at, None, notes)
 
 
 def _join_driver(config: JobConfig, run_id: str | None, node_rank: int) -> tuple[Any, dict]:
@@ -124,16 +132,16 @@ def _open_rendezvous(config: JobConfig, spec: Any) -> Any:
 
 def _launch(
     config: JobConfig, spec: Any, started_at: float, tracking_tags: dict[str, str] | None,
-    notes: list[str] = (), rendezvous: Any = None,
+    notes: list[str] = (), rendezvous: Any = None, lock: Any = None,
 ) -> dict[str, Any]:
     from scaletrain.distributed.device import check_local_workers, threads_per_worker
     from scaletrain.launch import launcher_for
     from scaletrain.task import check_task_target
 
     # Fail before any worker starts if the task does not exist or its args do not fit, or
-    # checkpoints would go to storage nobody can write to.
+    # anything the run writes (run dir, checkpoints, MLflow) would be refused (pre-flight).
     check_task_target(config.task.target, config.task.args, spec.python_path)
-    if config.checkpoint.enabled and config.checkpoint.dir:
+    if config.checkpoint.enabled and config.checkpoint.dir:  # its fsspec driver is installed
         from scaletrain.checkpoint.storage import open_storage
 
         open_storage(config.checkpoint.dir)
@@ -145,12 +153,15 @@ def _launch(
     else:
         spec.threads = threads_per_worker(config.scale.workers_per_node, config.scale.threads_per_worker)
     spec.attempt += 1
-    if config.checkpoint.enabled and spec.checkpoints is None:
-        # Resolved once, by the launcher that starts the run: a relative checkpoint.dir means
-        # the directory the run was started from, also for a resume started elsewhere.
-        from scaletrain.checkpoint.location import checkpoint_location
-
-        spec.checkpoints = checkpoint_location(config, spec.run_id, spec.run_dir)
+    _resolve_checkpoints(config, spec)
+    try:
+        checks = _preflight(config, spec)
+        if lock is not None:  # a new run's directory: locked now that nothing refused it
+            lock.acquire()
+    except BaseException:
+        if rendezvous is not None:  # a node that joined the driver leaves it
+            rendezvous.close()
+        raise
     if config.scale.node_range[1] > 1 and rendezvous is None:
         rendezvous = _open_rendezvous(config, spec)
     launcher = launcher_for(config, rendezvous)
@@ -162,6 +173,10 @@ def _launch(
         redactor=Redactor.for_config(spec.job),
         logger_name=LAUNCHER_LOGGER_NAME,
     )
+    logging.getLogger(f"{LAUNCHER_LOGGER_NAME}.preflight").info(
+        "pre-flight passed in %.0f ms", 1000 * sum(c.seconds for c in checks),
+        extra={"console": False, "checks": [{"name": c.name, "detail": c.detail, "warning": c.warning,
+                                             "seconds": round(c.seconds, 4)} for c in checks]})
     for note in notes:  # on the console and in launcher.jsonl
         logging.getLogger(LAUNCHER_LOGGER_NAME).warning("%s", note)
     try:
@@ -170,6 +185,55 @@ def _launch(
         undo_logging()
         if rendezvous is not None:
             rendezvous.close()
+
+
+def _resolve_checkpoints(config: JobConfig, spec: Any) -> None:
+    """Where the run's checkpoints go, resolved once by the launcher that starts the run: a
+    relative checkpoint.dir means the directory the run was started from, also for a resume
+    started elsewhere."""
+    if config.checkpoint.enabled and spec.checkpoints is None:
+        from scaletrain.checkpoint.location import checkpoint_location
+
+        spec.checkpoints = checkpoint_location(config, spec.run_id, spec.run_dir)
+
+
+def _preflight(config: JobConfig, spec: Any, checkpoint_bytes: int | None = None) -> list[Any]:
+    """Every pre-flight check of this launch (raises PreflightError on the first refusal)."""
+    from scaletrain.preflight import raise_on_failure, run_preflight
+    from scaletrain.tracking.session import recorded_run
+
+    recorded = recorded_run(spec.run_dir) or {}
+    checks = run_preflight(config, spec, checkpoint_bytes=checkpoint_bytes,
+                           tracking_uri=recorded.get("uri"), recorded_run_id=recorded.get("run_id"))
+    raise_on_failure(checks)
+    return checks
+
+
+def preflight(
+    job: str | os.PathLike | dict[str, Any] | JobConfig, overrides: list[str] | tuple[str, ...] = (),
+) -> list[Any]:
+    """Only the pre-flight checks of a new run of ``job`` (``scaletrain check``): the task
+    imports, the run directory, the checkpoint location (a probe written, read, listed and
+    deleted), the disk for the checkpoints kept (from the model's shapes, built on the meta
+    device), the MLflow store. Returns every check, failed ones included; changes nothing."""
+    from scaletrain.preflight import Check, run_preflight, state_bytes_of_task
+    from scaletrain.rundir import RunSpec
+    from scaletrain.task import check_task_target
+
+    config, search_path = resolve_job(job, overrides)
+    check_task_target(config.task.target, config.task.args, search_path)
+    spec = RunSpec.in_dir(config.model_dump(mode="json"), config.run_dir, python_path=search_path)
+    _resolve_checkpoints(config, spec)
+    size, size_check = None, []
+    if config.checkpoint.enabled and spec.checkpoints and "://" not in spec.checkpoints:
+        started = time.perf_counter()
+        try:
+            size = state_bytes_of_task(config, search_path)
+        except Exception as exc:  # the task's own code: say so, do not crash the check
+            size_check = [Check("disk", True, f"not checked: building the model on the meta device "
+                                f"failed ({type(exc).__name__}: {exc})", warning=True,
+                                seconds=time.perf_counter() - started)]
+    return run_preflight(config, spec, checkpoint_bytes=size) + size_check
 
 
 def _run_attempt(
@@ -213,7 +277,7 @@ def _run_attempt(
         )
         if preempted:
             summary.update(steps=exc.step, checkpoint_step=exc.checkpoint_step)
-        _close(summary, run_dir, tracking, "KILLED" if interrupted else "FAILED")
+        _close(summary, run_dir, tracking, "KILLED" if interrupted else "FAILED", Redactor.for_config(spec.job))
         raise
     first_step_at = result.get("first_step_at")
     summary.update(
@@ -231,7 +295,7 @@ def _run_attempt(
         weights=str(run_dir / WEIGHTS_FILE) if spec.node_rank == 0 else None,  # the driver's
         logs=str(spec.logs_dir),
     )
-    _close(summary, run_dir, tracking, "FINISHED")
+    _close(summary, run_dir, tracking, "FINISHED", Redactor.for_config(spec.job))
     return summary
 
 
@@ -245,9 +309,10 @@ def _write_redacted_job(config: JobConfig, path: Path) -> None:
 
 
 def _close(
-    summary: dict[str, Any], run_dir: Path, tracking: Any, status: str
+    summary: dict[str, Any], run_dir: Path, tracking: Any, status: str, redactor: Redactor
 ) -> None:
-    """summary.json, then the last metrics, the run's artifacts and final status in MLflow."""
+    """summary.json, then the last metrics, the run's artifacts and final status in MLflow.
+    The summary is redacted in place: its error text can quote a secret, and it is uploaded."""
     from scaletrain.checkpoint.atomic import write_text_atomic
     from scaletrain.launch.worker import WEIGHTS_FILE
     from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR
@@ -255,6 +320,7 @@ def _close(
 
     if tracking is not None:
         summary["mlflow_run_id"] = tracking.finish_opening()
+    summary.update(redactor.value("", summary))
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     if tracking is None:
         return

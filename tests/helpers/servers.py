@@ -92,6 +92,45 @@ class MlflowServer(_LoopbackServer):
         ]
 
 
+class MlflowAuthServer(MlflowServer):
+    """``mlflow server --app-name basic-auth``: users with passwords and permissions (the
+    default for a new user: READ on every experiment). Its user store lives in ``root``."""
+
+    name = "mlflow server (basic-auth)"
+    admin, admin_password = "admin", "admin-password-1234"
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--app-name", "basic-auth"]
+
+    def start(self, timeout: float = 120) -> MlflowAuthServer:
+        config = self.root / "basic_auth.ini"
+        config.write_text(
+            "[mlflow]\ndefault_permission = READ\n"
+            f"database_uri = sqlite:///{self.root / 'auth.db'}\n"
+            f"admin_username = {self.admin}\nadmin_password = {self.admin_password}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        )
+        saved = {k: os.environ.get(k) for k in ("MLFLOW_AUTH_CONFIG_PATH", "MLFLOW_FLASK_SERVER_SECRET_KEY")}
+        os.environ.update(MLFLOW_AUTH_CONFIG_PATH=str(config), MLFLOW_FLASK_SERVER_SECRET_KEY="tests-only")
+        try:
+            return super().start(timeout)
+        finally:
+            for key, value in saved.items():
+                os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+
+    def call(self, endpoint: str, body: dict, user: str | None = None, password: str | None = None) -> dict:
+        """A REST call as ``user`` (default the admin)."""
+        import base64
+        import json
+
+        token = base64.b64encode(f"{user or self.admin}:{password or self.admin_password}".encode()).decode()
+        request = urllib.request.Request(
+            f"{self.url}/api/2.0/mlflow/{endpoint}", data=json.dumps(body).encode(), method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Basic {token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"{}")
+
+
 class S3Server(_LoopbackServer):
     """moto in server mode on 127.0.0.1: an S3-compatible endpoint held in memory (lost on
     stop()). Clients find it through env(); botocore, and so s3fs, read AWS_ENDPOINT_URL."""

@@ -103,3 +103,12 @@ def test_an_object_store_without_its_driver_is_bad_input(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: checkpoint.dir 'nosuchproto://bucket/x': ")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("model.safetensors"))
+
+
+def test_resuming_a_finished_run_has_no_step_to_run(finished_run):
+    """Last in this module: it resumes the shared run. The summary once crashed on a run whose
+    first step never came (no time to it)."""
+    result = scaletrain_cli("resume", str(finished_run))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "(no step to run)" in result.stdout

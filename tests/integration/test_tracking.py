@@ -257,7 +257,7 @@ def test_run_card_records_environment_and_data(tmp_path):
     assert card["seed"] == 7 and card["deterministic"] is False
     assert any(p.startswith("torch==") for p in card["packages"])
     assert card["torch"]["version"] and card["hardware"]["cpu_count"] >= 1
-    assert card["git"]["commit"] and "diff" in card["git"]
+    assert card["git"]["commit"] and "diff_sha256" in card["git"] and "diff" not in card["git"]
     other = scaletrain.run(toy_job(tmp_path, train={"max_steps": 2}, task={"args": {"samples": 256}}))
     other_card = json.loads(Path(other["run_dir"], "run_card.json").read_text())
     assert other_card["data_fingerprint"] != card["data_fingerprint"]

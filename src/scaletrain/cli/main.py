@@ -83,8 +83,8 @@ def _scale_overrides(set_: list[str] | None, engine: Engine | None, address: str
 def _fail(exc: ScaletrainError) -> None:
     if isinstance(exc, ConfigError):
         prefix = f"{exc.source}: " if exc.source else ""
-        for problem in exc.problems:
-            typer.echo(f"error: {prefix}{problem}", err=True)
+        for problem in exc.problems:  # one line each, whatever a file name or a key holds
+            typer.echo(" ".join(f"error: {prefix}{problem}".splitlines()), err=True)
     else:
         typer.echo(f"error: {exc}", err=True)
     raise typer.Exit(exc.exit_code)
@@ -115,6 +115,8 @@ def run(
     node_rank: NodeRankOpt = 0,
     rdzv_endpoint: RdzvEndpointOpt = None,
     as_json: OutcomeJsonOpt = False,
+    preflight: Annotated[bool, typer.Option(
+        "--preflight", help="only the pre-flight checks (as `scaletrain check`): train nothing")] = False,
 ) -> None:
     """Train a job: in this process for one worker, as local workers for more, or on Ray."""
     started_at = time.time()
@@ -125,6 +127,9 @@ def run(
         overrides.append(f"scale.nodes={json.dumps(nodes)}")
     if rdzv_endpoint:
         overrides.append(f"scale.rdzv_endpoint={json.dumps(rdzv_endpoint)}")
+    if preflight:
+        _check(job, overrides, as_json)
+        return
     _run_and_report(
         lambda: run_job(job, overrides, started_at=started_at, node_rank=node_rank), as_json
     )
@@ -444,6 +449,43 @@ def validate(job: JobArg, set_: SetOpt = None) -> None:
 
 
 @app.command()
+def check(
+    job: JobArg,
+    set_: SetOpt = None,
+    engine: EngineOpt = None,
+    address: AddressOpt = None,
+    as_json: OutcomeJsonOpt = False,
+) -> None:
+    """Pre-flight a job, changing nothing: the task imports, the run directory and the
+    checkpoint location can be written (a probe is written, read, listed and deleted), the
+    disk holds the checkpoints kept, the MLflow store takes this user's runs."""
+    _check(job, _scale_overrides(set_, engine, address), as_json)
+
+
+def _check(job: str, overrides: list[str], as_json: bool) -> None:
+    from scaletrain.api import preflight
+
+    try:
+        checks = preflight(job, overrides)
+    except ScaletrainError as exc:
+        _fail(exc)
+    failed = [c for c in checks if not c.ok]
+    seconds = sum(c.seconds for c in checks)
+    if as_json:
+        typer.echo(json.dumps({"passed": not failed, "seconds": round(seconds, 4), "checks": [
+            {"name": c.name, "ok": c.ok, "warning": c.warning, "detail": c.detail,
+             "seconds": round(c.seconds, 4)} for c in checks]}))
+    else:
+        for c in checks:
+            typer.echo(f"{c.line()}  ({1000 * c.seconds:.0f} ms)")
+        typer.echo(f"pre-flight {'FAILED' if failed else 'passed'}: {len(checks)} checks in {1000 * seconds:.0f} ms")
+    for c in failed:  # also on stderr, one line each, as every refusal
+        typer.echo(f"error: pre-flight: {c.name}: {c.detail}", err=True)
+    if failed:
+        raise typer.Exit(2)
+
+
+@app.command()
 def schema() -> None:
     """Print the JSON Schema of job files (for editor completion and validation)."""
     from scaletrain.config import job_schema
@@ -514,14 +556,19 @@ def show(
 def reproduce(
     run_id: Annotated[str, typer.Argument(help="MLflow run id or scaletrain run id", metavar="RUN")],
     uri: UriOpt = None,
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "--set", "-s", help="a value the tracking server's copy of the job has masked (***): "
+        "--set task.args.api_token=... (repeatable; nothing else can be changed)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the outcome as JSON")] = False,
 ) -> None:
-    """Run a recorded job again; report what differs, then whether the weights match."""
+    """Run a recorded job again (its recorded code, tracked in the store given); report what
+    differs, then whether the weights match."""
     from scaletrain.reproduce import reproduce as reproduce_run
 
     try:
         outcome = reproduce_run(
-            run_id, _tracking_uri(uri), announce=lambda line: typer.echo(line, err=True)
+            run_id, _tracking_uri(uri), announce=lambda line: typer.echo(line, err=True),
+            overrides=list(set_ or []),
         )
     except ScaletrainError as exc:
         _fail(exc)
@@ -529,8 +576,12 @@ def reproduce(
         outcome = {k: v for k, v in outcome.items() if k != "summary"}
         typer.echo(json.dumps(outcome))
         return
-    verdict = "match bit for bit" if outcome["weights_match"] else "DIFFER"
-    typer.echo(f"final weights {verdict}: {outcome['weights_sha256']} (recorded {outcome['recorded_weights_sha256']})")
+    if outcome["weights_match"] is None:
+        typer.echo(f"final weights {outcome['weights_sha256']}: nothing to compare with (the original "
+                   "run recorded no weights hash: no summary.json with one)")
+    else:
+        verdict = "match bit for bit" if outcome["weights_match"] else "DIFFER"
+        typer.echo(f"final weights {verdict}: {outcome['weights_sha256']} (recorded {outcome['recorded_weights_sha256']})")
     if not outcome["weights_match"]:
         raise typer.Exit(1)
 
@@ -544,12 +595,17 @@ def ui(
     import os
     import shutil
 
+    from scaletrain.tracking.redact import redact_url
+
     # The mlflow next to this interpreter first: another one on PATH may be another install.
     beside = os.path.join(os.path.dirname(sys.executable), "mlflow")
     mlflow_bin = beside if os.path.exists(beside) else shutil.which("mlflow") or beside
     store = _tracking_uri(uri)
-    typer.echo(f"MLflow UI for {store} at http://127.0.0.1:{port}", err=True)
-    os.execv(mlflow_bin, [mlflow_bin, "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", str(port)])
+    typer.echo(f"MLflow UI for {redact_url(store)} at http://127.0.0.1:{port}", err=True)
+    # The store goes in the environment, not on the command line every local user can read
+    # (ps, /proc/*/cmdline): a database URI holds its password.
+    os.execve(mlflow_bin, [mlflow_bin, "ui", "--host", "127.0.0.1", "--port", str(port)],
+              {**os.environ, "MLFLOW_BACKEND_STORE_URI": store})
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -577,10 +633,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
     train = summary.get("train") or {}
     if "samples_per_s" in train:
         table.add_row("speed", f"{train['samples_per_s']:,.0f} samples/s, {train['step_time_s'] * 1e3:.1f} ms/step")
-    table.add_row(
-        "wall time",
-        f"{summary['wall_time_s']:.1f} s (first step after {summary['time_to_first_step_s']:.1f} s)",
-    )
+    first = summary.get("time_to_first_step_s")  # None: no step ran (a resumed run already done)
+    table.add_row("wall time", f"{summary['wall_time_s']:.1f} s" + (
+        f" (first step after {first:.1f} s)" if first is not None else " (no step to run)"))
     if summary.get("checkpoint_step") is not None:
         table.add_row("checkpoint", f"step {summary['checkpoint_step']}")
     table.add_row("weights", summary["weights"])

@@ -1,14 +1,27 @@
 """The job schema: what a job file may say, with defaults and limits.
 
-Every section rejects unknown keys, so a typo fails loudly instead of being ignored.
+Every section rejects unknown keys, so a typo fails loudly instead of being ignored. Every number
+is finite and bounded: a value past a bound is a typo or a unit mix-up, and it must fail here, in
+one line, not after the run directory, the MLflow run and the workers exist (Python's timers
+overflow near 9.2e9 s, torch elastic and Ray take whole seconds, Optuna and numpy 32-bit seeds).
+The bounds (MAX_*) sit far above any real job.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "JobConfig",
@@ -21,31 +34,145 @@ __all__ = [
     "CheckpointConfig",
     "KeepBest",
     "RecoveryConfig",
+    "MAX_SECONDS",
+    "MAX_NAME",
+    "MAX_SEED",
+    "MAX_WORKERS",
+    "MAX_LOCAL_WORKERS",
 ]
+
+MAX_SECONDS = 1e7  # every *_s wait or timeout: about 116 days
+MAX_MINUTES = 1e5  # checkpoint.every_minutes: about 69 days
+MAX_STEPS = 10**9  # optimizer steps, and every "every N steps"
+MAX_EPOCHS = 10**6
+MAX_BATCH = 10**7  # samples per worker per micro-step
+MAX_GRAD_ACCUM = 10**5
+MAX_WORKERS = 10**5  # training processes of one job, on a Ray cluster included
+MAX_LOCAL_WORKERS = 1024  # processes the local engine starts on one machine
+MAX_NODES = 10**4
+MAX_CORES = 1024  # threads, CPUs or DataLoader processes per worker: more than a machine has
+MAX_GPUS_PER_WORKER = 64
+MAX_KEEP = 10**6  # checkpoints kept
+MAX_RESTARTS = 10**4
+MAX_LR = 10.0  # above it every optimizer here diverges (1e3 is a typo of 1e-3)
+MAX_WEIGHT_DECAY = 10.0
+MAX_SEED = 2**32 - 1  # numpy, Optuna and DataLoader workers take 32-bit seeds
+MAX_NAME = 100  # characters: it names folders and the MLflow experiment
+MIN_HANG_TIMEOUT_S = 1.0  # Ray's process-group timeout takes whole seconds
+MIN_SAVE_MINUTES = 0.005  # 0.3 s; checkpoints that often: checkpoint.every_steps
+MIN_SYSTEM_METRICS_S = 0.1
 
 
 BOOL_REJECTED = "a boolean where a number belongs"
 
 
-def _reject_bool(value: Any) -> Any:
+_EXPONENT = re.compile(r"\s*[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+\s*")
+
+
+def _number(value: Any) -> Any:
     # YAML `true` would otherwise pass as the number 1.
     if isinstance(value, bool):
         raise ValueError(BOOL_REJECTED)
+    # YAML 1.1 reads `1e6` as text; it means a number, and `max_steps: 1e6` a whole one.
+    if isinstance(value, str) and _EXPONENT.fullmatch(value) and math.isfinite(float(value)):
+        return float(value)
     return value
 
 
-_Number = BeforeValidator(_reject_bool)
-PositiveFloat = Annotated[float, _Number, Field(gt=0)]
-NonNegativeFloat = Annotated[float, _Number, Field(ge=0)]
-PositiveInt = Annotated[int, _Number, Field(ge=1)]
-NonNegativeInt = Annotated[int, _Number, Field(ge=0)]
-Fraction = Annotated[float, _Number, Field(ge=0, le=1)]
+def _below_one(value: float) -> float:
+    # torch's Adam refuses a beta of 1 (its bias correction divides by 1 - beta**t); an SGD
+    # momentum of 1 never forgets a gradient.
+    if value >= 1:
+        raise ValueError(f"must be below 1 (a decay of 1 never forgets), got {value:g}; e.g. 0.999")
+    return value
+
+
+_Number = BeforeValidator(_number)
+PositiveFloat = Annotated[float, Field(gt=0), _Number]
+Fraction = Annotated[float, Field(ge=0, le=1), _Number]
+Decay = Annotated[float, Field(ge=0, le=1), _Number, AfterValidator(_below_one)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS), _Number]
+WaitSeconds = Annotated[float, Field(ge=0, le=MAX_SECONDS), _Number]  # 0: do not wait
+Steps = Annotated[int, Field(ge=1, le=MAX_STEPS), _Number]
+
+
+def _count(high: int, low: int = 1) -> Any:
+    return Annotated[int, Field(ge=low, le=high), _Number]
+
+
+def _parse_nodes(nodes: Any) -> int | str:
+    """A count, or MIN:MAX (elastic); ``2:2`` is the count 2."""
+    number = given = nodes if isinstance(nodes, bool) else _number(nodes)  # 1e3 as written: 1000.0
+    if isinstance(number, float) and number.is_integer():
+        number = int(number)
+    pattern = r"\s*([0-9]{1,9})\s*(?::\s*([0-9]{1,9})\s*)?"
+    match = re.fullmatch(pattern, number) if isinstance(number, str) else None
+    if isinstance(number, int) and not isinstance(number, bool):
+        low = high = number
+    elif match:
+        low, high = int(match.group(1)), int(match.group(2) or match.group(1))
+    else:
+        raise ValueError(f"must be a count or MIN:MAX, got {_written(given)}")
+    if not 1 <= low <= high <= MAX_NODES:
+        raise ValueError(
+            f"must be a count from 1 to {MAX_NODES}, or MIN:MAX with 1 <= MIN <= MAX <= {MAX_NODES}, "
+            f"got {_written(given)}"
+        )
+    return low if low == high else f"{low}:{high}"
+
+
+def _written(value: Any) -> str:
+    """A value in a message, short, as YAML writes numbers."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else ".inf" if value > 0 else "-.inf"
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 1e6:
+        return f"{value:g}"
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _not_json(value: Any, where: str) -> str | None:
+    """Why ``value`` would not reach the workers as it is (the job travels as JSON), or None."""
+    if value is None or isinstance(value, (str, bool)):
+        return None
+    if isinstance(value, int):
+        if value.bit_length() <= 64:
+            return None
+        what = f"an integer of {value.bit_length()} bits"
+    elif isinstance(value, float):
+        if math.isfinite(value):
+            return None
+        what = "not a finite number"
+    elif isinstance(value, list):
+        problems = (_not_json(item, f"{where}[{i}]") for i, item in enumerate(value))
+        return next(filter(None, problems), None)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"key {key!r} in {where or 'args'} is not a string; quote it"
+            problem = _not_json(item, f"{where}.{key}" if where else key)
+            if problem:
+                return problem
+        return None
+    else:
+        kinds = {"bytes": "binary data", "date": "a date", "datetime": "a date and time"}
+        what = kinds.get(type(value).__name__, f"a {type(value).__name__}")
+    return (
+        f"{where!r} is {what}, which cannot reach the workers (the job travels as JSON); "
+        "write a string, a 64-bit integer, a finite number, a list or a mapping"
+    )
+
 
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # No inf or nan in any number: they validate against every bound and crash later.
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 class TaskConfig(Section):
@@ -61,10 +188,18 @@ class TaskConfig(Section):
             raise ValueError(f"must look like 'package.module:attr', got {target!r}")
         return target
 
+    @field_validator("args")
+    @classmethod
+    def _check_args(cls, args: dict[str, Any]) -> dict[str, Any]:
+        problem = _not_json(args, "")
+        if problem:
+            raise ValueError(problem)
+        return args
+
 
 class DataConfig(Section):
-    batch_size: PositiveInt = Field(description="samples per worker per micro-step")
-    loader_workers: NonNegativeInt = Field(
+    batch_size: _count(MAX_BATCH) = Field(description="samples per worker per micro-step")
+    loader_workers: _count(MAX_CORES, low=0) = Field(
         0, description="DataLoader worker processes per training worker"
     )
     shuffle: bool = Field(True, description="reshuffle every epoch (seeded)")
@@ -72,23 +207,23 @@ class DataConfig(Section):
 
 class OptimConfig(Section):
     name: Literal["adamw", "sgd"] = "adamw"
-    lr: PositiveFloat = Field(description="peak learning rate")
-    weight_decay: NonNegativeFloat = 0.0
-    betas: tuple[Fraction, Fraction] = (0.9, 0.999)
-    momentum: Fraction = Field(0.0, description="SGD only")
+    lr: Annotated[float, Field(gt=0, le=MAX_LR), _Number] = Field(description="peak learning rate")
+    weight_decay: Annotated[float, Field(ge=0, le=MAX_WEIGHT_DECAY), _Number] = 0.0
+    betas: tuple[Decay, Decay] = (0.9, 0.999)
+    momentum: Decay = Field(0.0, description="SGD only")
     schedule: Literal["constant", "cosine", "linear"] = "cosine"
-    warmup_steps: NonNegativeInt = 0
+    warmup_steps: _count(MAX_STEPS, low=0) = 0
     min_lr_ratio: Fraction = Field(0.0, description="final lr as a fraction of the peak lr")
 
 
 class TrainConfig(Section):
-    max_steps: PositiveInt | None = Field(None, description="optimizer steps to run")
-    epochs: PositiveInt | None = Field(None, description="or: passes over the training data")
-    grad_accum: PositiveInt = Field(1, description="micro-steps per optimizer step")
+    max_steps: Steps | None = Field(None, description="optimizer steps to run")
+    epochs: _count(MAX_EPOCHS) | None = Field(None, description="or: passes over the training data")
+    grad_accum: _count(MAX_GRAD_ACCUM) = Field(1, description="micro-steps per optimizer step")
     clip_grad_norm: PositiveFloat | None = Field(None, description="max global grad norm")
     precision: Literal["fp32", "bf16"] = "fp32"
-    eval_every: PositiveInt | None = Field(None, description="evaluate every N steps (and at the end)")
-    log_every: PositiveInt = Field(10, description="report train metrics every N steps")
+    eval_every: Steps | None = Field(None, description="evaluate every N steps (and at the end)")
+    log_every: Steps = Field(10, description="report train metrics every N steps")
 
     @model_validator(mode="after")
     def _one_length(self) -> TrainConfig:
@@ -118,14 +253,16 @@ class FSDPConfig(Section):
     cpu_offload: bool = Field(
         False, description="keep sharded parameters, gradients and optimizer state in CPU memory"
     )
-    shard_size: PositiveInt | None = Field(
+    shard_size: _count(MAX_WORKERS) | None = Field(
         None, description="hsdp: ranks in one shard group (default: the workers on one node); "
         "groups replicate each other"
     )
 
 
 class ScaleConfig(Section):
-    workers: PositiveInt = Field(1, description="training processes (on this machine, or on the Ray cluster)")
+    workers: _count(MAX_WORKERS) = Field(
+        1, description="training processes (on this machine, or on the Ray cluster)"
+    )
     engine: Literal["local", "ray"] = Field(
         "local", description="who starts the workers: local (torch elastic) or ray (Ray Train)"
     )
@@ -138,7 +275,7 @@ class ScaleConfig(Section):
         description="ray engine: the cluster to join (default: RAY_ADDRESS; none: start a local "
         "Ray instance for the run)",
     )
-    connect_timeout_s: PositiveFloat = Field(
+    connect_timeout_s: Seconds = Field(
         60.0, description="ray engine: how long joining scale.address may take (the address to "
         "answer, and its head to accept this process) before the run stops with one line"
     )
@@ -152,12 +289,15 @@ class ScaleConfig(Section):
         False, description="recompute each block's activations in backward instead of keeping them "
         "(any strategy; blocks: the task's blocks(model), else the repeated layers found in the model)"
     )
-    threads_per_worker: PositiveInt | None = Field(
+    threads_per_worker: _count(MAX_CORES) | None = Field(
         None,
         description="intra-op threads per worker (default: local: cores / workers; ray: "
         "cpus_per_worker)",
     )
-    nodes: Annotated[int, _Number, Field(ge=1)] | str = Field(
+    nodes: Annotated[
+        Annotated[int, Field(ge=1, le=MAX_NODES)] | Annotated[str, Field(pattern=r"^[0-9]+:[0-9]+$")],
+        BeforeValidator(_parse_nodes),
+    ] = Field(
         1, description="local engine: machines the job runs on, each with its own `scaletrain run "
         "--node-rank N`; a count, or MIN:MAX to go on with fewer after losing some (elastic: the "
         "global batch is kept with more accumulation); scale.workers are split evenly"
@@ -166,8 +306,10 @@ class ScaleConfig(Section):
         None, description="several nodes: HOST:PORT where the driver (node 0) listens for the "
         "others; HOST is the driver's address as the other nodes reach it"
     )
-    cpus_per_worker: PositiveFloat = Field(1, description="ray engine: CPUs Ray reserves per worker")
-    gpus_per_worker: NonNegativeFloat | None = Field(
+    cpus_per_worker: Annotated[float, Field(gt=0, le=MAX_CORES), _Number] = Field(
+        1, description="ray engine: CPUs Ray reserves per worker"
+    )
+    gpus_per_worker: Annotated[float, Field(ge=0, le=MAX_GPUS_PER_WORKER), _Number] | None = Field(
         None, description="ray engine: GPUs per worker (default: 1 when the cluster has GPUs, else 0)"
     )
 
@@ -181,32 +323,24 @@ class ScaleConfig(Section):
     def workers_per_node(self) -> int:
         return self.workers // self.node_range[1]
 
-    @field_validator("nodes")
-    @classmethod
-    def _check_nodes(cls, nodes: int | str) -> int | str:
-        if isinstance(nodes, int):
-            return nodes
-        match = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", nodes)
-        if not match:
-            raise ValueError(f"must be a count or MIN:MAX, got {nodes!r}")
-        low, high = int(match.group(1)), int(match.group(2) or match.group(1))
-        if not 1 <= low <= high:
-            raise ValueError(f"needs 1 <= MIN <= MAX, got {nodes!r}")
-        return low if low == high else f"{low}:{high}"
-
     @field_validator("rdzv_endpoint")
     @classmethod
     def _check_endpoint(cls, endpoint: str | None) -> str | None:
         if endpoint is None:
             return None
         host, _, port = endpoint.rpartition(":")
-        if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host.strip("[]") or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
             raise ValueError(f"must be HOST:PORT, e.g. 10.0.0.5:29400, got {endpoint!r}")
         return endpoint
 
     @model_validator(mode="after")
     def _nodes_fit(self) -> ScaleConfig:
         low, high = self.node_range
+        if self.engine == "local" and self.workers_per_node > MAX_LOCAL_WORKERS:
+            raise ValueError(
+                f"the local engine would start {self.workers_per_node} workers on one machine, more "
+                f"than {MAX_LOCAL_WORKERS}; spread them with scale.nodes or use scale.engine: ray"
+            )
         if high == 1:
             return self
         if self.engine != "local":
@@ -255,19 +389,35 @@ class TrackingConfig(Section):
         "sqlite:///mlflow.db in the working directory",
     )
     experiment: str | None = Field(None, description="experiment name; default: the job name")
-    log_every_steps: PositiveInt | None = Field(
+    log_every_steps: Steps | None = Field(
         None, description="send train metrics every N steps; default: train.log_every"
     )
-    flush_timeout_s: NonNegativeFloat = Field(
+    flush_timeout_s: WaitSeconds = Field(
         30.0, description="at the end, how long to wait for an unreachable tracker"
     )
-    system_metrics_every_s: NonNegativeFloat = Field(
-        10.0, description="sample CPU, memory, disk, network, GPU every N seconds; 0: off"
+    system_metrics_every_s: WaitSeconds = Field(
+        10.0, description="sample CPU, memory, disk, network, GPU every N seconds (at least "
+        f"{MIN_SYSTEM_METRICS_S:g}); 0: off"
     )
     log_model: bool = Field(
         True, description="log the final model in MLflow's PyTorch format (torch.export); "
         "the weights are logged either way"
     )
+    secret_names: list[str] = Field(
+        default_factory=list, description="more names whose values are secrets, masked as *** "
+        "in params, files and logs like the built-in ones (token, password, api_key...); a name "
+        "matches by its last words: webhook_url also masks SLACK_WEBHOOK_URL and task.args.webhookUrl"
+    )
+
+    @field_validator("system_metrics_every_s")
+    @classmethod
+    def _sampling_rate(cls, every: float) -> float:
+        if 0 < every < MIN_SYSTEM_METRICS_S:
+            raise ValueError(
+                f"must be 0 (off) or at least {MIN_SYSTEM_METRICS_S:g} seconds, got {every:g}; "
+                "sampling more often takes the training's cores"
+            )
+        return every
 
 
 class KeepBest(Section):
@@ -275,7 +425,7 @@ class KeepBest(Section):
 
     metric: str = Field(description="a metric name as logged, e.g. 'eval/loss' or 'train/loss'")
     mode: Literal["min", "max"] = "min"
-    count: PositiveInt = 1
+    count: _count(MAX_KEEP) = 1
 
 
 class CheckpointConfig(Section):
@@ -286,12 +436,14 @@ class CheckpointConfig(Section):
         description="where checkpoints go: a path or an object storage URL (s3://bucket/prefix); "
         "checkpoints land in <dir>/<job name>/<run id>/. Default: <run dir>/checkpoints",
     )
-    every_steps: PositiveInt | None = Field(None, description="save every N optimizer steps")
-    every_minutes: PositiveFloat | None = Field(None, description="save every N minutes of training")
+    every_steps: Steps | None = Field(None, description="save every N optimizer steps")
+    every_minutes: Annotated[float, Field(ge=MIN_SAVE_MINUTES, le=MAX_MINUTES), _Number] | None = (
+        Field(None, description="save every N minutes of training")
+    )
     at_end: bool = Field(True, description="save after the last step")
-    keep_last: PositiveInt = Field(2, description="keep the newest N checkpoints")
+    keep_last: _count(MAX_KEEP) = Field(2, description="keep the newest N checkpoints")
     keep_best: KeepBest | None = Field(None, description="also keep the best K by a metric")
-    keep_every: PositiveInt | None = Field(
+    keep_every: Steps | None = Field(
         None, description="also keep every checkpoint whose step is a multiple of N"
     )
     async_save: bool = Field(
@@ -306,17 +458,17 @@ class CheckpointConfig(Section):
 class RecoveryConfig(Section):
     """What happens when a worker fails, hangs or is preempted."""
 
-    max_restarts: NonNegativeInt = Field(
+    max_restarts: _count(MAX_RESTARTS, low=0) = Field(
         0, description="restart all workers from the newest verified checkpoint up to N times"
     )
-    grace_period_s: PositiveFloat = Field(
+    grace_period_s: Seconds = Field(
         60.0, description="on SIGTERM/SIGUSR1: time to agree on a step and checkpoint before a kill"
     )
-    node_wait_s: PositiveFloat = Field(
+    node_wait_s: Seconds = Field(
         30.0, description="several nodes: how long to wait for missing nodes before starting "
         "(or, with scale.nodes MIN:MAX, before going on with fewer after a node is lost)"
     )
-    hang_timeout_s: PositiveFloat = Field(
+    hang_timeout_s: Annotated[float, Field(ge=MIN_HANG_TIMEOUT_S, le=MAX_SECONDS), _Number] = Field(
         900.0,
         description="a rank that makes no progress for this long dumps every thread's stack and "
         "ends the attempt (counts as a failure)",
@@ -335,13 +487,16 @@ class JobConfig(Section):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
-    seed: NonNegativeInt = 0
+    seed: _count(MAX_SEED, low=0) = 0
     deterministic: bool = Field(False, description="use deterministic kernels (slower)")
     run_dir: str = Field("runs", description="where run directories are created")
 
     @field_validator("name")
     @classmethod
     def _name_is_a_folder(cls, name: str) -> str:
+        if len(name) > MAX_NAME:
+            raise ValueError(f"at most {MAX_NAME} characters (it names a folder), got {len(name)}; "
+                             "set a shorter name")
         if not re.fullmatch(r"[\w.-]+", name) or name in {".", ".."}:
             raise ValueError(f"must be a folder name (letters, digits, _ - .), got {name!r}")
         return name

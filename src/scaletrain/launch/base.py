@@ -10,7 +10,10 @@ from typing import Any
 from scaletrain.errors import RunPreempted, WorkerFailedError
 from scaletrain.rundir import RunSpec
 
-__all__ = ["Launcher", "worker_error", "checked_result"]
+__all__ = ["Launcher", "worker_error", "checked_result", "failure_files"]
+
+# A file's identity: a rewrite (atomic rename: a new inode) or an append changes it.
+FileState = tuple[int, int, int]
 
 
 class Launcher(ABC):
@@ -23,7 +26,7 @@ class Launcher(ABC):
 
 # When one rank dies the others fail inside a collective; those errors are echoes, not causes.
 _ECHO_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError"}
-_BAD_INPUT_TYPES = {"TaskError", "ConfigError", "PlacementError"}
+_BAD_INPUT_TYPES = {"TaskError", "ConfigError", "PlacementError", "PreflightError"}
 _ECHO_TEXT = ("Connection closed by peer", "Connection reset by peer", "gloo/transport",
               "ncclRemoteError", "remote process exited")
 # NCCL failures that are causes, not echoes: bad usage (two ranks on one GPU), CUDA errors,
@@ -32,7 +35,32 @@ _CAUSE_TEXT = ("ncclInvalidUsage", "ncclUnhandledCudaError", "ncclSystemError", 
                "ncclInvalidArgument", "Duplicate GPU", "CUDA error", "out of memory")
 
 
-def _read_error(spec: RunSpec, rank: int) -> dict[str, Any] | None:
+def failure_files(spec: RunSpec) -> dict[str, FileState]:
+    """The error and stack files in this node's logs now. Taken when workers start (a launch, a
+    restart): those still unchanged at the end are an earlier attempt's, never this one's cause."""
+    found = {}
+    for pattern in ("worker-*.error.json", "worker-*.stacks.txt"):
+        for path in spec.logs_dir.glob(pattern):
+            if (state := _state(path)) is not None:
+                found[str(path)] = state
+    return found
+
+
+def _state(path: Any) -> FileState | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def _earlier(path: Any, earlier: dict[str, FileState]) -> bool:
+    return str(path) in earlier and earlier[str(path)] == _state(path)
+
+
+def _read_error(spec: RunSpec, rank: int, earlier: dict[str, FileState]) -> dict[str, Any] | None:
+    if _earlier(spec.worker_error(rank), earlier):
+        return None
     try:
         data = json.loads(spec.worker_error(rank).read_text(encoding="utf-8"))
         return data if isinstance(data, dict) and "type" in data else None
@@ -47,16 +75,19 @@ def _is_echo(error: dict[str, Any]) -> bool:
     return error["type"] in _ECHO_TYPES or any(text in message for text in _ECHO_TEXT)
 
 
-def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str]) -> WorkerFailedError:
+def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str],
+                 earlier: dict[str, FileState] | None = None) -> WorkerFailedError:
     """The user-facing error for a failed attempt: the root cause among the failed ranks.
 
     Each worker writes its own error file; the earliest error that is not a peer's
     connection dropping wins. A rank that died without writing one (SIGKILL, OOM) is
-    described by ``fallback``.
+    described by ``fallback``. ``earlier``: the error and stack files there were when this
+    attempt's workers started (failure_files); those unchanged since are not its story.
     """
+    earlier = earlier or {}
     ranks = sorted(set(ranks) | set(fallback))
-    errors = {rank: e for rank in ranks if (e := _read_error(spec, rank)) is not None}
-    hung = _hung_ranks(spec, ranks)
+    errors = {rank: e for rank in ranks if (e := _read_error(spec, rank, earlier)) is not None}
+    hung = _hung_ranks(spec, ranks, earlier)
     if hung and not errors:  # the watchdog ended them: that is the story, not their exit code
         timeout = spec.job.get("recovery", {}).get("hang_timeout_s")
         fallback = {
@@ -95,11 +126,12 @@ def _last_heard(spec: RunSpec, rank: int) -> float:
         return float("inf")
 
 
-def _hung_ranks(spec: RunSpec, ranks: Iterable[int]) -> list[int]:
+def _hung_ranks(spec: RunSpec, ranks: Iterable[int], earlier: dict[str, FileState]) -> list[int]:
     found = []
     for rank in ranks:
         path = spec.worker_stacks(rank)
-        if path.exists() and path.stat().st_size > 0:
+        state = _state(path)
+        if state is not None and state[2] > 0 and not _earlier(path, earlier):
             found.append(rank)
     return found
 

@@ -20,11 +20,12 @@ import psutil
 
 from scaletrain.checkpoint.atomic import write_text_atomic
 from scaletrain.errors import RunInterrupted
-from scaletrain.launch.base import Launcher, checked_result, worker_error
+from scaletrain.launch.base import Launcher, checked_result, failure_files, worker_error
 from scaletrain.launch.rendezvous import Rendezvous
 from scaletrain.launch.rendezvous import register as register_rendezvous
 from scaletrain.rundir import RunSpec
 from scaletrain.tracking.logs import route_loggers_to_file
+from scaletrain.tracking.redact import Redactor
 
 __all__ = ["LocalLauncher", "launch_config"]
 
@@ -46,13 +47,13 @@ class LocalLauncher(Launcher):
 
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
         """Run ``workers`` workers on this machine (this node's share of the job)."""
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
         rendezvous = self.rendezvous or Rendezvous.single_node(spec.run_id).open()
         register_rendezvous()
+        logs = _attempt_logs(spec)
         config, config_env = launch_config(
             LaunchConfig,
             nproc_per_node=workers,
@@ -60,7 +61,7 @@ class LocalLauncher(Launcher):
             monitor_interval=0.1,
             start_method="spawn",
             **rendezvous.launch_options(),
-            logs_specs=DefaultLogsSpecs(log_dir=str(spec.logs_dir / "elastic")),
+            logs_specs=logs,
             # The agent aborts on these. SIGTERM and SIGUSR1 are ours (_StopForwarder): the
             # workers checkpoint and stop, and the agent sees them finish, as on every node of
             # the job. (torchrun forwards no SIGUSR1, pytorch #154849.)
@@ -69,7 +70,8 @@ class LocalLauncher(Launcher):
         )
         spec_file = spec.write()
         spec.worker_result().unlink(missing_ok=True)
-        restore = route_loggers_to_file(_TORCH_LOGGERS, spec.logs_dir / "launcher.jsonl", logging.INFO)
+        restore = route_loggers_to_file(_TORCH_LOGGERS, spec.logs_dir / "launcher.jsonl", logging.INFO,
+                                        redactor=Redactor.for_config(spec.job))
         # A fresh workers' store per attempt (rank 0 hosts it): with the agent's shared one, a
         # restarted gloo rank can connect to the previous attempt's dead peer (torch 2.13; seen
         # with plain torchrun too).
@@ -88,7 +90,7 @@ class LocalLauncher(Launcher):
                 else:
                     rendezvous.publish_failures(
                         {rank: {"exit": text, "attempt": self.max_restarts} for rank, text in exits.items()})
-            raise worker_error(spec, ranks, exits) from None
+            raise worker_error(spec, ranks, exits, logs.earlier) from None
         except SignalException as exc:  # the agent has stopped the workers (with the signal)
             result = _read_result(spec)
             if result is not None and result.get("preempted"):
@@ -102,8 +104,24 @@ class LocalLauncher(Launcher):
                 rendezvous.close()
         result = _read_result(spec)
         if result is None:
-            raise worker_error(spec, range(workers), {0: "rank 0 left no result"})
+            raise worker_error(spec, range(workers), {0: "rank 0 left no result"}, logs.earlier)
         return checked_result(spec, result)
+
+
+def _attempt_logs(spec: RunSpec) -> Any:
+    """torch's log folders per attempt, noting at every start of the workers (this launch, each
+    restart) the error and stack files already in the logs: an earlier attempt's (of this launch
+    or of one before a resume), never blamed for this one's failure."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    class AttemptLogs(DefaultLogsSpecs):
+        earlier: dict[str, Any] = {}
+
+        def reify(self, envs: dict[int, dict[str, str]]) -> Any:
+            self.earlier = failure_files(spec)
+            return super().reify(envs)
+
+    return AttemptLogs(log_dir=str(spec.logs_dir / "elastic"))
 
 
 def launch_config(config_class: Any, **options: Any) -> tuple[Any, dict[str, str]]:

@@ -10,8 +10,9 @@ only. A small actor (the mailbox) carries what Ray Train does not: the attempt n
 Safe by default: a local instance starts no dashboard (the one HTTP service that runs code
 for whoever reaches it) and uses token authentication where the installed Ray has it, so its
 RPC ports (Ray listens on every interface and has no option to restrict that) answer only
-holders of the token. Ray's logs stay out of the console (``logs/ray-driver.jsonl``, and
-``logs/ray`` links the session's logs).
+holders of the token. Ray's logs stay out of the console (``logs/ray-driver.jsonl``, redacted);
+a local session's own logs (workers' raw output) stay where Ray writes them, never in the run's
+logs or MLflow: ``launcher.jsonl`` names the folder.
 
 Joining a cluster (scale.address, RAY_ADDRESS) is checked first, within scale.connect_timeout_s:
 something answers where Ray will connect, it is a Ray head, and it lets this process in, with
@@ -41,6 +42,7 @@ from scaletrain.launch.ray_join import (
     native_stderr_to,
 )
 from scaletrain.rundir import RunSpec
+from scaletrain.tracking.redact import Redactor
 
 __all__ = ["RayLauncher", "import_ray", "ray_session"]
 
@@ -101,7 +103,8 @@ class RayLauncher(Launcher):
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
         checkpoint_dir = (spec.job.get("checkpoint") or {}).get("dir") or ""
         timeout = (spec.job.get("scale") or {}).get("connect_timeout_s") or CONNECT_TIMEOUT_S
-        with ray_session(self.ray, self.address, spec.logs_dir, connect_timeout_s=timeout):
+        with ray_session(self.ray, self.address, spec.logs_dir, connect_timeout_s=timeout,
+                         redactor=Redactor.for_config(spec.job)):
             machines = len({n.get("NodeManagerAddress") for n in self.ray.nodes() if n.get("Alive")})
             if spec.checkpoints and "://" not in spec.checkpoints and machines > 1:
                 if not checkpoint_dir:
@@ -173,14 +176,15 @@ class RayLauncher(Launcher):
 
 @contextlib.contextmanager
 def ray_session(
-    ray: Any, address: str | None, logs_dir: Path, connect_timeout_s: float = CONNECT_TIMEOUT_S
+    ray: Any, address: str | None, logs_dir: Path, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    *, redactor: Redactor,
 ) -> Iterator[None]:
     """Connected to ``address`` (default RAY_ADDRESS; none: a local instance started for the
     block), Ray's Python logs in ``logs_dir/ray-driver.jsonl``; disconnected (and a local
     instance stopped) after. Joining takes at most about ``connect_timeout_s``."""
     from scaletrain.tracking.logs import route_loggers_to_file
 
-    restore_logs = route_loggers_to_file(_RAY_LOGGERS, logs_dir / "ray-driver.jsonl")
+    restore_logs = route_loggers_to_file(_RAY_LOGGERS, logs_dir / "ray-driver.jsonl", redactor=redactor)
     connected = False
     try:
         connected = _connect(ray, address, logs_dir, connect_timeout_s)
@@ -209,7 +213,7 @@ def _connect(
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
-    token_from = None
+    token_from, session_logs = None, None
     if address:
         # Ray's C++ client writes its warnings to stderr, not to a logger: the check's (an
         # unauthenticated first try, say) go to the file; ray.init, after it, is quiet.
@@ -230,7 +234,7 @@ def _connect(
             runtime_env={"env_vars": {"RAY_TRAIN_V2_ENABLED": "1"}},
             **quiet,
         )
-        _link_session_logs(ray, logs_dir)
+        session_logs = _session_logs(ray)
         started = True
     _log.info(
         "joined Ray cluster" if not started else "started a local Ray instance",
@@ -241,6 +245,7 @@ def _connect(
             "ray_auth_mode": _auth_mode(),
             "ray_token_from": token_from,  # where the token came from, never the token
             "ray_resources": ray.cluster_resources(),
+            "ray_session_logs": session_logs,
         },
     )
     return True
@@ -254,14 +259,13 @@ def _auth_mode() -> str:
     return "token" if get_authentication_mode() == AuthenticationMode.TOKEN else "disabled"
 
 
-def _link_session_logs(ray: Any, logs_dir: Path) -> None:
+def _session_logs(ray: Any) -> str | None:
+    """Where the local session's logs are. Named, not linked: they hold the workers' raw
+    output, and a link in ``logs/`` would copy them into MLflow with the run's logs."""
     try:
-        session_dir = Path(ray._private.worker._global_node.get_session_dir_path())
-        link = logs_dir / "ray"
-        if not link.exists():
-            link.symlink_to(session_dir / "logs", target_is_directory=True)
-    except (AttributeError, OSError):
-        pass
+        return str(Path(ray._private.worker._global_node.get_session_dir_path()) / "logs")
+    except AttributeError:
+        return None
 
 
 def _failure(spec: RunSpec, workers: int, exc: Exception) -> ScaletrainError:

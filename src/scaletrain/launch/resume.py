@@ -9,21 +9,22 @@ the chosen timeline.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from scaletrain.checkpoint.location import checkpoint_location, global_batch
 from scaletrain.checkpoint.manifest import MANIFEST_FILE, ManifestError
-from scaletrain.checkpoint.storage import open_storage, step_of
+from scaletrain.checkpoint.storage import CheckpointStorage, open_storage, step_of
 from scaletrain.config import parse_job
 from scaletrain.config.schema import JobConfig
 from scaletrain.errors import ConfigError, ScaletrainError
-from scaletrain.rundir import RunSpec
+from scaletrain.rundir import RunLock, RunSpec, check_run_ref
 
 __all__ = ["prepare_resume", "find_run_dir", "keep_global_batch"]
 
 
-def find_run_dir(target: str, runs_root: str | Path = "runs") -> tuple[Path, str | None]:
-    """The run directory for ``target`` and, when it names one checkpoint, that checkpoint."""
+def find_run_dir(target: str, runs_root: str | Path = "runs") -> tuple[Path, Path | None]:
+    """The run directory for ``target`` and, when it names one checkpoint folder, that folder."""
     path = Path(target).expanduser()
     if (path / "spec.json").is_file():
         return path.resolve(), None
@@ -35,8 +36,9 @@ def find_run_dir(target: str, runs_root: str | Path = "runs") -> tuple[Path, str
                 f"checkpoint {path} belongs to run directory {run_dir or '?'}, which is not here; "
                 "resume needs that run directory (its spec.json)"
             )
-        return run_dir, path.name
+        return run_dir.resolve(), path.resolve()
     if not path.exists() and "/" not in target:
+        check_run_ref(target)  # a run id, never a glob pattern
         matches = sorted(Path(runs_root).glob(f"*/{target}/spec.json"))
         if len(matches) == 1:
             return matches[0].parent.resolve(), None
@@ -57,13 +59,27 @@ def _trainer_state(checkpoint_dir: Path) -> dict:
 
 def prepare_resume(
     target: str, overrides: list[str] | tuple[str, ...] = ()
-) -> tuple[RunSpec, list[str]]:
-    """The spec to launch again, and notes for the log (what was adjusted to fit)."""
-    run_dir, checkpoint = find_run_dir(target)
+) -> tuple[RunSpec, list[str], RunLock]:
+    """The spec to launch again, notes for the log (what was adjusted to fit), and the run
+    directory's lock, held: nothing is changed before it is taken; the caller releases it
+    when the launch is over."""
+    run_dir, folder = find_run_dir(target)
     try:
         spec = RunSpec.read(run_dir / "spec.json")
     except (OSError, ValueError, TypeError) as exc:
         raise ScaletrainError(f"cannot read {run_dir / 'spec.json'}: {exc}") from None
+    notes = _continue_here(spec, run_dir)
+    lock = RunLock(run_dir, spec.run_id, spec.node_rank).acquire()
+    try:
+        notes += _prepare(spec, run_dir, folder, overrides)
+    except BaseException:
+        lock.release()
+        raise
+    return spec, notes, lock
+
+
+def _prepare(spec: RunSpec, run_dir: Path, folder: Path | None,
+             overrides: list[str] | tuple[str, ...]) -> list[str]:
     source = str(run_dir / "spec.json")
     config = parse_job(spec.job, overrides, source=source)
     notes = []
@@ -72,17 +88,108 @@ def prepare_resume(
     spec.job = config.model_dump(mode="json")
     if any(item.split("=", 1)[0].strip().startswith("checkpoint.dir") for item in overrides):
         spec.checkpoints = None  # moved on purpose: resolved again from here
+    if not config.checkpoint.enabled:
+        return notes
     storage = open_storage(spec.checkpoints or checkpoint_location(config, spec.run_id, spec.run_dir))
-    if checkpoint is not None:
-        try:
-            manifest = storage.read_manifest(checkpoint)
-            manifest.check_dir(storage.local_copy(checkpoint, manifest, run_dir / "checkpoint-cache"))
-        except ManifestError as exc:
-            raise ScaletrainError(f"checkpoint {checkpoint} failed verification: {exc}") from None
-        for name in storage.names():
-            if (step_of(name) or 0) > manifest.step:
-                storage.set_aside(name)
-    return spec, notes
+    if folder is None:
+        _check_found(storage, run_dir, spec.run_id)
+        return notes
+    checkpoint = _in_location(storage, folder, spec.run_id)
+    try:
+        manifest = storage.read_manifest(checkpoint)
+        manifest.check_dir(storage.local_copy(checkpoint, manifest, run_dir / "checkpoint-cache"))
+    except ManifestError as exc:
+        raise ScaletrainError(f"checkpoint {checkpoint} failed verification: {exc}") from None
+    for name in storage.names():
+        if (step_of(name) or 0) > manifest.step:
+            storage.set_aside(name)
+    return notes
+
+
+def _continue_here(spec: RunSpec, run_dir: Path) -> list[str]:
+    """The directory named is the run directory, whatever spec.json says: a moved run continues
+    where it is now (with its own checkpoints, if they live in it); a copy of a run whose
+    original is still there is refused (two directories would continue one run: its MLflow
+    run, its run id, a checkpoint location outside both)."""
+    recorded = Path(spec.run_dir)
+    if recorded == run_dir or (recorded.exists() and _same(recorded, run_dir)):
+        return []
+    if (recorded / "spec.json").exists():
+        raise ConfigError(
+            f"{run_dir} is a copy of run directory {recorded}, which is still there: resume that "
+            "one (a copy would continue the same run in two places)"
+        )
+    inside = spec.checkpoints and not _remote(spec.checkpoints) and _under(spec.checkpoints, recorded)
+    if inside:
+        spec.checkpoints = str(run_dir / Path(spec.checkpoints).relative_to(recorded))
+    spec.run_dir = str(run_dir)
+    return [f"run directory moved from {recorded}: continuing in {run_dir}"]
+
+
+def _in_location(storage: CheckpointStorage, folder: Path, run_id: str) -> str:
+    """The name of the checkpoint folder the user passed, in the run's own checkpoint location
+    (what resume loads and sets newer ones aside in); a copy elsewhere is refused, since it
+    is not what would be loaded."""
+    own = Path(storage.location) / folder.name
+    if _remote(storage.location) or not own.exists() or not _same(own, folder):
+        raise ConfigError(
+            f"checkpoint {folder} is not one of run {run_id}'s checkpoints (they are in "
+            f"{storage.location}): name a folder there, or copy this one into it"
+        )
+    return folder.name
+
+
+def _check_found(storage: CheckpointStorage, run_dir: Path, run_id: str) -> None:
+    """A run that saved checkpoints resumes from one, or not at all: never from step 0 over its
+    own record (a checkpoint location moved, unmounted, or resolved from elsewhere)."""
+    try:
+        if storage.names():
+            return
+    except Exception as exc:  # the store's own error (network, permission): say which
+        raise ScaletrainError(f"cannot list the checkpoints in {storage.location}: "
+                              f"{type(exc).__name__}: {exc}") from None
+    saved = _saved_step(run_dir)
+    if saved is not None:
+        raise ScaletrainError(
+            f"run {run_id} saved checkpoints (the newest at step {saved}) but none are in "
+            f"{storage.location}: put them back there, or pass --set checkpoint.dir=WHERE they "
+            "are; to train from step 0, start a new run with `scaletrain run`"
+        )
+
+
+def _saved_step(run_dir: Path) -> int | None:
+    """The newest step this run's record says was checkpointed: an attempt's summary, or rank
+    0's log (which an attempt that failed also leaves)."""
+    steps = []
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        steps.append(summary.get("checkpoint_step"))
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        with open(run_dir / "logs" / "worker-0.jsonl", encoding="utf-8") as log:
+            for line in log:
+                if '"checkpoint saved"' in line:
+                    steps.append(step_of(str(json.loads(line).get("checkpoint", "")).rsplit("/", 1)[-1]))
+    except (OSError, ValueError):
+        pass
+    found = [step for step in steps if isinstance(step, int)]
+    return max(found) if found else None
+
+
+def _remote(location: str) -> bool:
+    return "://" in location and not location.startswith("file://")
+
+
+def _under(path: str, folder: Path) -> bool:
+    return Path(path) == folder or folder in Path(path).parents
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def keep_global_batch(trained: JobConfig, resumed: JobConfig) -> tuple[JobConfig, list[str]]:

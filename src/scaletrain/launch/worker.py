@@ -212,6 +212,11 @@ def _train(
         control=control, faults=faults,
     )
     resumed_at = trainer.restore()
+    if resumed_at is None and env.local_rank == 0 and job.checkpoint.enabled:
+        from scaletrain.preflight import check_disk_for_model
+
+        check_disk_for_model(job, spec.checkpoints or checkpoint_location(job, spec.run_id, spec.run_dir),
+                             trainer.strategy.unwrap(trainer.model))
     if restart_count() and env.is_main:  # the console's only sign that a worker failed
         log.warning(
             "restart %d of %d after a worker failure (its exit is in %s); %s",

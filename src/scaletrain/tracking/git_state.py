@@ -1,4 +1,10 @@
-"""The state of the working directory's git repository, for run tags and the run card."""
+"""The state of the working directory's git repository, for run tags and the run card.
+
+The uncommitted diff itself is never kept: a key pasted into a tracked file would ship with
+the run card to the tracking server. Its sha256 (which ``reproduce`` compares) and the names
+of the changed files are. git runs without the repository's external diff, textconv and
+fsmonitor programs: recording a run in an untrusted checkout runs none of its commands.
+"""
 
 from __future__ import annotations
 
@@ -8,29 +14,32 @@ from typing import Any
 
 __all__ = ["git_state"]
 
-_DIFF_LIMIT = 200_000  # characters of uncommitted diff kept
+_FILES_LIMIT = 200  # changed file names kept
+_SAFE = ("-c", "core.fsmonitor=false")
+_SAFE_DIFF = ("diff", "--no-ext-diff", "--no-textconv", "--no-color")
 
 
 def _git(*args: str) -> str | None:
     try:
         return subprocess.run(
-            ["git", *args], capture_output=True, text=True, timeout=10, check=True
+            ["git", *_SAFE, *args], capture_output=True, text=True, timeout=10, check=True
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
 
 
 def git_state() -> dict[str, Any] | None:
-    """Commit, branch, dirty flag and the diff of tracked changes; None outside a repository."""
+    """Commit, branch, dirty flag, the sha256 of the tracked changes and the changed files'
+    names; None outside a repository."""
     commit = _git("rev-parse", "HEAD")
     if not commit:
         return None
-    diff = _git("diff", "HEAD") or ""
+    diff = _git(*_SAFE_DIFF, "HEAD") or ""
+    files = [f for f in (_git(*_SAFE_DIFF, "--name-only", "-z", "HEAD") or "").split("\0") if f]
     return {
         "commit": commit.strip(),
         "branch": (_git("rev-parse", "--abbrev-ref", "HEAD") or "").strip(),
         "dirty": bool(diff),
         "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None,
-        "diff": diff[:_DIFF_LIMIT],
-        "diff_truncated": len(diff) > _DIFF_LIMIT,
+        "changed_files": files[:_FILES_LIMIT],
     }

@@ -56,10 +56,11 @@ class JsonFormatter(logging.Formatter):
         self.redactor = redactor
 
     def format(self, record: logging.LogRecord) -> str:
-        line = self._format(record)
-        return self.redactor.text(line) if self.redactor else line
+        entry = self._entry(record)
+        # Masked before encoding: JSON escapes a secret with a quote or an accent.
+        return self.redactor.json(entry) if self.redactor else json.dumps(entry, default=str)
 
-    def _format(self, record: logging.LogRecord) -> str:
+    def _entry(self, record: logging.LogRecord) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "timestamp": datetime.fromtimestamp(record.created, timezone.utc).isoformat(
                 timespec="milliseconds"
@@ -77,7 +78,7 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exception"] = "".join(traceback.format_exception(*record.exc_info))
-        return json.dumps(entry, default=str)
+        return entry
 
 
 class _HumanFormatter(logging.Formatter):
@@ -136,12 +137,14 @@ def setup_logging(
     return undo
 
 
-def route_loggers_to_file(names: tuple[str, ...], path: str | Path, level: int | None = None) -> Callable[[], None]:
+def route_loggers_to_file(
+    names: tuple[str, ...], path: str | Path, level: int | None = None, *, redactor: Redactor
+) -> Callable[[], None]:
     """Send other libraries' loggers (torch elastic, Ray) to a JSON file in the run's logs
-    instead of the console; returns the undo."""
+    instead of the console, redacted like the run's own lines; returns the undo."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(JsonFormatter(redactor))
     saved = []
     for name in names:
         logger = logging.getLogger(name)

@@ -108,9 +108,19 @@ class TrackingRun:
         return cls(client, run_id, uri, Redactor.for_config(config.model_dump(mode="json")))
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """A file, or a folder's files; links are never followed (MLflow's local store copies
+        what a link points at: a link in ``logs/`` would upload another tree, unredacted)."""
         path = Path(path)
+        if path.is_symlink():
+            return
         if path.is_dir():
-            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+            for folder, dirs, files in os.walk(path):
+                dirs[:] = [d for d in dirs if not Path(folder, d).is_symlink()]
+                inside = Path(folder).relative_to(path).as_posix()
+                target = "/".join(p for p in (artifact_path, inside if inside != "." else None) if p)
+                for name in sorted(files):
+                    if not Path(folder, name).is_symlink():
+                        self.client.log_artifact(self.run_id, os.path.join(folder, name), target or None)
         elif path.exists():
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 

@@ -1,7 +1,8 @@
 """The run card: what it takes to run this job again and get the same bits.
 
 Software (Python, every installed package, torch/CUDA/cuDNN/NCCL), hardware (CPU, GPUs,
-OS), code (git commit, branch, the diff of uncommitted changes), the seed and determinism
+OS), code (git commit, branch, the sha256 of uncommitted changes and the files they touch,
+never the diff itself: it can hold a pasted key), the seed and determinism
 settings, and a fingerprint of the training data. Rank 0 writes it as ``run_card.json``;
 the launcher logs it to MLflow. ``scaletrain reproduce`` compares two of them.
 """
@@ -89,7 +90,7 @@ def build_run_card(job: dict[str, Any], fingerprint: str, world_size: int) -> di
 
 def write_run_card(run_dir: str | Path, card: dict[str, Any], redactor: Redactor) -> Path:
     path = Path(run_dir) / RUN_CARD_FILE
-    write_text_atomic(path, redactor.text(json.dumps(card, indent=2)))
+    write_text_atomic(path, redactor.json(card, indent=2))
     return path
 
 

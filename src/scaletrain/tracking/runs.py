@@ -3,24 +3,35 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from scaletrain.errors import ScaletrainError
+from scaletrain.rundir import check_run_ref
+from scaletrain.tracking.redact import redact_url
 from scaletrain.tracking.sender import configure_mlflow_client
 
-__all__ = ["RunNotFound", "list_runs", "find_run", "run_details", "download_json"]
+__all__ = ["RunNotFound", "TrackingReadError", "list_runs", "find_run", "run_details", "download_json",
+           "download_artifact"]
 
 
 class RunNotFound(ScaletrainError):
     exit_code = 2
 
 
+class TrackingReadError(ScaletrainError):
+    """The tracking store did not answer as asked (auth, network, a broken artifact store):
+    said as such, never taken for a run or artifact that is not there."""
+
+
 def _client(uri: str) -> Any:
     from mlflow import MlflowClient
 
     configure_mlflow_client()
+    # Its download bars would surround the one line a refusal or a failure gets on stderr.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     return MlflowClient(tracking_uri=uri)
 
 
@@ -61,34 +72,60 @@ def list_runs(uri: str, experiment: str | None, limit: int) -> list[dict[str, An
 
 
 def find_run(uri: str, run_ref: str) -> Any:
-    """An MLflow run by its id, or by scaletrain's own run id (the run name)."""
+    """An MLflow run by its id, or by scaletrain's own run id (the run name). ``run_ref`` is
+    checked first: it goes into MLflow's filter text."""
     from mlflow.exceptions import MlflowException
 
+    check_run_ref(run_ref)
     client = _client(uri)
     try:
         return client.get_run(run_ref)
-    except MlflowException:
-        pass
-    ids = [e.experiment_id for e in client.search_experiments()]
-    if ids:
-        found = client.search_runs(ids, filter_string=f"tags.`scaletrain.run_id` = '{run_ref}'")
-        if found:
-            return found[0]
-    raise RunNotFound(f"no run '{run_ref}' at {uri}; list them with: scaletrain runs")
+    except MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise _read_error(f"cannot read run {run_ref}", uri, exc) from None
+    try:
+        ids = [e.experiment_id for e in client.search_experiments()]
+        found = ids and client.search_runs(ids, filter_string=f"tags.`scaletrain.run_id` = '{run_ref}'")
+    except Exception as exc:
+        raise _read_error(f"cannot search the runs for {run_ref}", uri, exc) from None
+    if found:
+        return found[0]
+    raise RunNotFound(f"no run '{run_ref}' at {redact_url(uri)}; list them with: scaletrain runs")
 
 
 def download_json(uri: str, run_id: str, artifact: str) -> dict[str, Any] | None:
-    client = _client(uri)
+    """The run's JSON artifact, or None when the run has no artifact by that name."""
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = client.download_artifacts(run_id, artifact, tmp)
-        except Exception:
+        path = download_artifact(uri, run_id, artifact, tmp)
+        if path is None:
             return None
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise TrackingReadError(f"{artifact} of run {run_id} is not JSON: {exc}") from None
 
 
-def download_artifact(uri: str, run_id: str, artifact: str, destination: str | Path) -> Path:
-    return Path(_client(uri).download_artifacts(run_id, artifact, str(destination)))
+def download_artifact(uri: str, run_id: str, artifact: str, destination: str | Path) -> Path | None:
+    """The run's artifact, downloaded; None when it has none by that name. MLflow reports any
+    download failure as a missing path, so the listing (which says what failed) comes first."""
+    client = _client(uri)
+    folder = str(Path(artifact).parent) if "/" in artifact else None
+    try:
+        present = {a.path for a in client.list_artifacts(run_id, folder)}
+    except Exception as exc:
+        raise _read_error(f"cannot list the artifacts of run {run_id}", uri, exc) from None
+    if artifact not in present:
+        return None
+    try:
+        return Path(client.download_artifacts(run_id, artifact, str(destination)))
+    except Exception as exc:
+        raise _read_error(f"cannot download {artifact} of run {run_id}", uri, exc) from None
+
+
+def _read_error(what: str, uri: str, exc: BaseException) -> TrackingReadError:
+    text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    why = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return TrackingReadError(f"{what} at {redact_url(uri)}: {why}")
 
 
 def run_details(uri: str, run_ref: str) -> dict[str, Any]:
@@ -103,7 +140,7 @@ def run_details(uri: str, run_ref: str) -> dict[str, Any]:
         "experiment": client.get_experiment(run.info.experiment_id).name,
         "params": dict(sorted(run.data.params.items())),
         "metrics": dict(sorted(run.data.metrics.items())),
-        "artifacts": sorted(a.path for a in client.list_artifacts(run.info.run_id)),
+        "artifacts": _artifact_names(client, uri, run.info.run_id),
         "run_card": {
             "python": card.get("python"),
             "torch": (card.get("torch") or {}).get("version"),
@@ -118,3 +155,10 @@ def run_details(uri: str, run_ref: str) -> dict[str, Any]:
         if card
         else None,
     }
+
+
+def _artifact_names(client: Any, uri: str, run_id: str) -> list[str]:
+    try:
+        return sorted(a.path for a in client.list_artifacts(run_id))
+    except Exception as exc:
+        raise _read_error(f"cannot list the artifacts of run {run_id}", uri, exc) from None

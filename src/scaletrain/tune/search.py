@@ -8,11 +8,15 @@ like any preempted job. MLflow: one parent run for the search, the trials' runs 
 it (``mlflow.parentRunId``), the best one tagged. Everything lives in one search directory:
 
     <run_dir>/tune/<job name>/<search id>/
-        search.json      what was asked (job, space, options): what --resume starts from
+        job.yaml         the job searched, redacted (secret values read ***)
+        search.json      what was asked (job, space, options; --set values redacted)
         ray/             Ray Tune's experiment state
-        trials/<trial>/  the trial's scaletrain run directory (runs/...) and its console log
-        best_job.yaml    the best trial's job, ready to run
+        trials/<trial>/  the trial's scaletrain run directory (runs/...), its job (unredacted:
+                         the trial runs it; mode 0600, like spec.json), console.log, stdout.log
+        best_job.yaml    the best trial's job, redacted (secrets come from the environment)
         results.json     one row per trial
+
+The search's own files are written atomically and readable by their owner only.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scaletrain.checkpoint.atomic import write_text_atomic
 from scaletrain.config import job_to_yaml
 from scaletrain.config.loading import parse_job
 from scaletrain.config.schema import JobConfig
 from scaletrain.errors import ConfigError, ScaletrainError
+from scaletrain.tracking.redact import Redactor
 from scaletrain.tune.space import Dimension, load_space
 
 __all__ = ["SearchOptions", "run_search", "TRACKING_TAGS_ENV"]
@@ -86,23 +92,24 @@ def run_search(job_file: str, space_file: str, options: SearchOptions, resume: b
     options.check(space)
     _check_metric_is_produced(job, options.metric)
     root = search_root(job)
+    redactor = Redactor.for_config(job.model_dump(mode="json"))
     directory = _latest_unfinished(root) if resume else None
     if resume and directory is None:
         raise ConfigError(f"no search of job '{job.name}' to resume under {root}; run without --resume")
     if directory is None:
         directory = root / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         directory.mkdir(parents=True)
-        (directory / "job.yaml").write_text(job_to_yaml(job), encoding="utf-8")
-        (directory / "search.json").write_text(json.dumps({
+        write_text_atomic(directory / "job.yaml", _redacted_yaml(job, redactor))
+        write_text_atomic(directory / "search.json", redactor.json({
             "job_file": str(Path(job_file).resolve()), "space": [asdict(d) for d in space],
             "options": asdict(options), "search_path": search_path, "finished": False,
-        }, indent=2), encoding="utf-8")
+        }, indent=2))
     from scaletrain.launch.ray_engine import import_ray, ray_session
 
     ray = import_ray(local_instance=(options.address or os.environ.get("RAY_ADDRESS")) is None)
     parent = _ParentRun(job, directory, options, space)
     # Tune prints its own progress tables; ours is the table at the end (and --json stays one object).
-    with ray_session(ray, options.address, directory / "logs"), \
+    with ray_session(ray, options.address, directory / "logs", redactor=redactor), \
             open(directory / "logs" / "tune-console.log", "a", encoding="utf-8") as tune_console, \
             contextlib.redirect_stdout(tune_console), contextlib.redirect_stderr(tune_console):
         grid = _tune(ray, job, space, options, directory, parent.run_id, resume, search_path)
@@ -120,13 +127,19 @@ def run_search(job_file: str, space_file: str, options: SearchOptions, resume: b
                "trials": rows, "best": best, "mlflow_parent_run_id": parent.run_id}
     if best is not None:
         best_job = parse_job(job.model_dump(mode="json"), _overrides(best["config"]))
-        (directory / "best_job.yaml").write_text(job_to_yaml(best_job), encoding="utf-8")
+        write_text_atomic(directory / "best_job.yaml", _redacted_yaml(best_job, redactor))
         summary["best_job"] = str(directory / "best_job.yaml")
-    (directory / "results.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    summary = redactor.value("", summary)
+    write_text_atomic(directory / "results.json", json.dumps(summary, indent=2))
     state = json.loads((directory / "search.json").read_text(encoding="utf-8"))
-    (directory / "search.json").write_text(json.dumps({**state, "finished": True}, indent=2), encoding="utf-8")
+    write_text_atomic(directory / "search.json", json.dumps({**state, "finished": True}, indent=2))
     parent.finish(best, rows, options.metric)
     return summary
+
+
+def _redacted_yaml(job: JobConfig, redactor: Redactor) -> str:
+    """The job as YAML with its secret values masked (what the run directory's job.yaml is)."""
+    return job_to_yaml(JobConfig.model_validate(redactor.value("", job.model_dump(mode="json"))))
 
 
 class SearchInterrupted(ScaletrainError):
@@ -249,7 +262,8 @@ def _trial_class():
                   parent_run_id: str | None, search_path: list[str], grace_s: float) -> None:
             self.metric, self.grace_s = metric, grace_s
             self.split, self.key = metric.split("/", 1)
-            self.proc, self.console, self.trial_dir, self.runs = _start_trial_job(
+            self.redactor = Redactor.for_config(job)
+            self.proc, self.trial_dir, self.runs = _start_trial_job(
                 self.trial_id, config, job, Path(directory), parent_run_id, search_path
             )
             self.final_step = parse_job(job, _overrides(config)).train.max_steps
@@ -275,17 +289,15 @@ def _trial_class():
 
         def _raise_if_failed(self) -> None:
             if self.proc.returncode not in (0, None):
-                out = self.proc.stdout.read() if self.proc.stdout else ""
-                error = _last_json(out).get("error") or f"scaletrain exited with {self.proc.returncode}"
-                raise RuntimeError(f"trial job failed: {error} (console: {self.trial_dir / 'console.log'})")
+                error = _trial_error(self.trial_dir, self.proc.returncode)
+                console = self.trial_dir / "console.log"
+                raise RuntimeError(self.redactor.text(f"trial job failed: {error} (console: {console})"))
 
         def save_checkpoint(self, checkpoint_dir: str) -> None:
             """The trial's state is its job's own verified checkpoints; Tune keeps a pointer."""
             runs = sorted(str(p.parent) for p in self.runs.glob("*/*/spec.json"))
-            Path(checkpoint_dir, "scaletrain_run.json").write_text(
-                json.dumps({"run_dir": runs[-1] if runs else None, "reported": self.reported}),
-                encoding="utf-8",
-            )
+            write_text_atomic(Path(checkpoint_dir, "scaletrain_run.json"),
+                              json.dumps({"run_dir": runs[-1] if runs else None, "reported": self.reported}))
 
         def load_checkpoint(self, checkpoint_dir: str) -> None:
             """Nothing to load: setup() resumes the trial's job from its run directory."""
@@ -300,7 +312,6 @@ def _trial_class():
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait()
-            self.console.close()
 
     return ScaletrainTrial
 
@@ -308,7 +319,8 @@ def _trial_class():
 def _start_trial_job(trial_id: str, config: dict[str, Any], job: dict, directory: Path,
                      parent_run_id: str | None, search_path: list[str]):
     """``scaletrain run`` of the trial's job, or ``scaletrain resume`` of it when Tune retries a
-    failed trial (from its newest verified checkpoint)."""
+    failed trial (from its newest verified checkpoint). Its output goes to files, never to a
+    pipe: a task that prints more than a pipe holds would block on it for good."""
     trial_dir = directory / "trials" / trial_id
     trial_dir.mkdir(parents=True, exist_ok=True)
     runs = trial_dir / "runs"
@@ -316,8 +328,8 @@ def _start_trial_job(trial_id: str, config: dict[str, Any], job: dict, directory
     if existing:
         command = ["resume", str(existing[-1].parent), "--json"]
     else:
-        job_file = trial_dir / "job.yaml"
-        job_file.write_text(json.dumps({**job, "run_dir": str(runs)}), encoding="utf-8")
+        job_file = trial_dir / "job.yaml"  # what the trial runs, secrets included: mode 0600
+        write_text_atomic(job_file, json.dumps({**job, "run_dir": str(runs)}))
         command = ["run", str(job_file), "--json"]
         for item in _overrides(config):
             command += ["--set", item]
@@ -333,17 +345,37 @@ def _start_trial_job(trial_id: str, config: dict[str, Any], job: dict, directory
     gpus = _actor_gpus()
     if gpus is not None:  # the trial's job sees the GPUs Ray gave this trial, no others
         env["CUDA_VISIBLE_DEVICES"] = gpus
-    console = open(trial_dir / "console.log", "a", encoding="utf-8")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "scaletrain", *command], stdout=subprocess.PIPE, stderr=console,
-        text=True, env=env, cwd=search_path[0] if search_path else None, preexec_fn=_stop_with_parent,
-    )
-    return proc, console, trial_dir, runs
+    # The child holds its own copies of these files; ours close when Popen has started it.
+    with _private_append(trial_dir / "stdout.log") as stdout, \
+            _private_append(trial_dir / "console.log") as console:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "scaletrain", *command], stdout=stdout, stderr=console,
+            env=env, cwd=search_path[0] if search_path else None, preexec_fn=_stop_with_parent,
+        )
+    return proc, trial_dir, runs
+
+
+def _private_append(path: Path):
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+
+
+def _trial_error(trial_dir: Path, returncode: int) -> str:
+    """Why a trial's job failed: the ``error`` of the outcome it printed last (``--json``)."""
+    path = trial_dir / "stdout.log"
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, path.stat().st_size - 65536))
+            tail = handle.read().decode("utf-8", "replace")
+    except OSError:
+        tail = ""
+    return _last_json(tail).get("error") or f"scaletrain exited with {returncode}"
 
 
 def _actor_gpus() -> str | None:
     import ray
 
+    if not ray.is_initialized():  # not in a Tune actor; get_gpu_ids() would start an instance
+        return None
     try:
         ids = ray.get_gpu_ids()
     except Exception:
@@ -379,9 +411,11 @@ def _metric_rows(runs: Path, split: str, key: str) -> list[tuple[int, float]]:
 def _last_json(text: str) -> dict[str, Any]:
     for line in reversed(text.strip().splitlines()):
         try:
-            return json.loads(line)
+            found = json.loads(line)
         except ValueError:
             continue
+        if isinstance(found, dict):
+            return found
     return {}
 
 
@@ -457,7 +491,7 @@ class _ParentRun:
                 "scaletrain.tune": "search", "scaletrain.tune.search": directory.name,
             })
             self.run_id = run.info.run_id
-            state.write_text(self.run_id, encoding="utf-8")
+            write_text_atomic(state, self.run_id)
             self.client.log_batch(self.run_id, params=[
                 _param(k, v) for k, v in {
                     "metric": options.metric, "mode": options.mode, "trials": options.trials,
