@@ -233,7 +233,7 @@ def preflight(
             size_check = [Check("disk", True, f"not checked: building the model on the meta device "
                                 f"failed ({type(exc).__name__}: {exc})", warning=True,
                                 seconds=time.perf_counter() - started)]
-    return run_preflight(config, spec, checkpoint_bytes=size) + size_check
+    return run_preflight(config, spec, checkpoint_bytes=size, tidy=True) + size_check
 
 
 def _run_attempt(

@@ -62,19 +62,30 @@ class Check:
 
 
 def run_preflight(config: JobConfig, spec: Any, *, checkpoint_bytes: int | None = None,
-                  tracking_uri: str | None = None, recorded_run_id: str | None = None) -> list[Check]:
+                  tracking_uri: str | None = None, recorded_run_id: str | None = None,
+                  tidy: bool = False) -> list[Check]:
     """Every check for this run (``spec``: its RunSpec). ``checkpoint_bytes``: the size of one
-    checkpoint when the caller knows it (the disk check runs only then, on local locations)."""
+    checkpoint when the caller knows it (the disk check runs only then, on local locations).
+    ``tidy``: remove the folders the checkpoint probe created (``scaletrain check``). A run
+    that passes keeps them (it writes there next, and removing a shared parent such as
+    runs/<job> would race with runs starting beside it); one refused leaves none behind."""
+    created: list[Path] = []
     checks = [_timed(_check_run_dir, Path(spec.run_dir))]
     location = spec.checkpoints
     if config.checkpoint.enabled and location:
-        checks.append(_timed(_check_checkpoints, location))
+        checks.append(_timed(_check_checkpoints, location, created))
         if checkpoint_bytes is None:
             checkpoint_bytes = _newest_checkpoint_bytes(location)
         if checkpoint_bytes is not None and "://" not in location:
             checks.append(_timed(check_checkpoint_disk, config, location, checkpoint_bytes))
     if config.tracking.enabled and spec.node_rank == 0:
         checks.append(_timed(_check_tracking, config, tracking_uri, recorded_run_id))
+    if tidy or not all(c.ok for c in checks):
+        for folder in created:  # innermost first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
     return checks
 
 
@@ -135,14 +146,15 @@ def _check_run_dir(run_dir: Path) -> Check:
 # --- checkpoints ---------------------------------------------------------------------------------
 
 
-def _check_checkpoints(location: str) -> Check:
+def _check_checkpoints(location: str, created: list[Path]) -> Check:
+    """``created``: receives the local folders the probe made, innermost first."""
     name = f"{PROBE_PREFIX}{secrets.token_hex(6)}"
     payload = secrets.token_bytes(32)
     try:
         if "://" in location:
             _probe_object_storage(location, name, payload)
         else:
-            _probe_local_checkpoints(Path(location), name, payload)
+            _probe_local_checkpoints(Path(location), name, payload, created)
     except _ProbeFailed as exc:
         return Check("checkpoints", False, f"{location}: {exc}")
     return Check("checkpoints", True, f"{location}: write, read back, list and delete of a probe")
@@ -152,9 +164,9 @@ class _ProbeFailed(Exception):
     pass
 
 
-def _probe_local_checkpoints(location: Path, name: str, payload: bytes) -> None:
+def _probe_local_checkpoints(location: Path, name: str, payload: bytes, created: list[Path]) -> None:
     base = _existing_parent(location)
-    created = [p for p in [location, *location.parents] if not p.exists()]
+    created += [p for p in [location, *location.parents] if not p.exists()]
     try:
         try:
             location.mkdir(parents=True, exist_ok=True)
@@ -172,11 +184,6 @@ def _probe_local_checkpoints(location: Path, name: str, payload: bytes) -> None:
             raise _ProbeFailed(f"cannot read, list or delete there ({_why(exc)})") from None
     finally:
         (location / name).unlink(missing_ok=True) if location.is_dir() else None
-        for folder in created:  # innermost first: leave no trace of the probe
-            try:
-                folder.rmdir()
-            except OSError:
-                break
 
 
 def _probe_object_storage(location: str, name: str, payload: bytes) -> None:

@@ -294,7 +294,9 @@ def _filesystem(url: str):
             f"checkpoint.dir {url!r} needs fsspec; install it with: pip install 'scaletrain[s3]'"
         ) from None
     try:
-        return fsspec.core.url_to_fs(url)
+        # A fresh client: fsspec's instance cache keys on arguments, not on the environment
+        # (AWS_ENDPOINT_URL, credentials) a client was made with, which may have changed.
+        return fsspec.core.url_to_fs(url, skip_instance_cache=True)
     except (ImportError, ValueError) as exc:
         protocol = url.split("://", 1)[0]
         hint = "pip install 'scaletrain[s3]'" if protocol in ("s3", "s3a") else f"the fsspec driver for {protocol}://"
