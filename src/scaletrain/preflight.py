@@ -183,7 +183,8 @@ def _probe_local_checkpoints(location: Path, name: str, payload: bytes, created:
         except OSError as exc:
             raise _ProbeFailed(f"cannot read, list or delete there ({_why(exc)})") from None
     finally:
-        (location / name).unlink(missing_ok=True) if location.is_dir() else None
+        if location.is_dir():
+            (location / name).unlink(missing_ok=True)
 
 
 def _probe_object_storage(location: str, name: str, payload: bytes) -> None:
@@ -431,7 +432,7 @@ def _check_server(config: JobConfig, uri: str, shown: str, recorded_run_id: str 
     if status == 404 and recorded_run_id:
         return Check("tracking", False, f"{shown}: the run's MLflow run {recorded_run_id} is gone (HTTP 404); "
                                         "restore it, or start a new run")
-    if status >= 500 or status in (502, 503, 504):
+    if status >= 500:
         return Check("tracking", True, f"{shown} answered HTTP {status}: the run goes on and journals its "
                                        "metrics, sent once it answers", warning=True)
     message = str(body.get("message", ""))[:200]
