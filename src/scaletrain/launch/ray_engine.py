@@ -564,7 +564,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     done = threading.Event()
 
     def poll_stop() -> None:  # the launcher's SIGTERM, relayed; rank 0's agreement tells the rest
-        while not done.wait(1.0):
+        while not done.wait(0.5):
             try:
                 requested = ray.get(mailbox.stop_requested.remote(), timeout=5)
             except Exception:
