@@ -26,7 +26,8 @@ ENV = {"PYTHONPATH": str(REPO)}
 
 def failed_run(tmp_path, monkeypatch, **sections):
     """A run that saved checkpoints at steps 2 and 4, then failed at step 5; its run directory."""
-    job = toy_job(tmp_path, checkpoint={"every_steps": 2}, **sections)
+    checkpoint = {"every_steps": 2, **sections.pop("checkpoint", {})}
+    job = toy_job(tmp_path, checkpoint=checkpoint, **sections)
     monkeypatch.setenv(FAULT_ENV, "raise:rank=0:step=5")
     with pytest.raises(WorkerFailedError):
         scaletrain.run(job)
@@ -144,6 +145,26 @@ def test_a_moved_run_directory_continues_where_it_is(tmp_path, monkeypatch):
     spec = json.loads((moved / "spec.json").read_text())
     assert spec["run_dir"] == str(moved) and spec["checkpoints"] == str(moved / "checkpoints")
     assert sorted(p.name for p in (moved / "checkpoints").iterdir())[-1] == "step-00000020"
+
+
+def test_nothing_of_a_failed_in_process_attempt_writes_after_it_returns(tmp_path, monkeypatch):
+    """The in-process worker shares the caller's process: its background threads (run card,
+    checkpoint writer and retention) end before run() raises, or a run directory moved or
+    resumed next gets written in its old place (seen on CI)."""
+    import threading
+
+    from scaletrain.launch import worker
+
+    build = worker.build_run_card
+
+    def slow_card(*args, **kwargs):
+        time.sleep(1.5)  # the card is still being written when step 5 fails
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "build_run_card", slow_card)
+    run_dir = failed_run(tmp_path, monkeypatch, checkpoint={"every_steps": 2, "async_save": True})
+    assert [t.name for t in threading.enumerate() if t.name.startswith("scaletrain-")] == []
+    assert (run_dir / "run_card.json").is_file()
 
 
 def test_a_copy_of_a_run_directory_is_refused_while_the_original_is_there(tmp_path, monkeypatch):

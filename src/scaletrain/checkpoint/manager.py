@@ -326,6 +326,19 @@ class CheckpointManager:
         except Exception as exc:
             log.warning("checkpoint retention failed: %s: %s", type(exc).__name__, exc)
 
+    def abandon(self, timeout_s: float = 30.0) -> None:
+        """Training failed on this rank: let the background threads end without any collective
+        (peers may be gone). An async save still writing is not committed; one stuck in a
+        collective after ``timeout_s`` is left to die with the process (a daemon)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.done.wait(timeout_s)
+        if self._retention is not None:
+            self._retention.join(timeout_s)
+        if self._jobs is not None:
+            self._jobs.put(None)
+            self._jobs = None
+
     def close(self) -> None:
         """Finish what is in flight (every rank calls it), then release the stager."""
         self.wait_pending()

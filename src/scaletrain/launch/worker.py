@@ -228,12 +228,21 @@ def _train(
     card_writer = None
     if env.is_main:  # off the critical path: the card is written while training starts
         card_writer = threading.Thread(
-            target=_write_card, args=(spec, task, trainer.train_set, env.world_size), daemon=True
+            target=_write_card, args=(spec, task, trainer.train_set, env.world_size), daemon=True,
+            name="scaletrain-card",
         )
         card_writer.start()
-    result = trainer.fit()
-    if card_writer is not None:
-        card_writer.join()
+    try:
+        result = trainer.fit()
+    except BaseException:
+        # Nothing of a failed attempt may write after it: in-process, the launcher returns
+        # right away and the run directory may be moved or resumed next.
+        if trainer.checkpoints is not None:
+            trainer.checkpoints.abandon()
+        raise
+    finally:
+        if card_writer is not None:
+            card_writer.join()
     if env.is_main and result.preempted is None:
         model = trainer.strategy.unwrap(trainer.model)
         if trainer.strategy.sharded:  # a plain copy of the model with the gathered weights
