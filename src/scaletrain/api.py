@@ -81,7 +81,9 @@ def resume(
     *,
     started_at: float | None = None,
 ) -> dict[str, Any]:
-    """Continue a stopped, failed or preempted run from its newest verified checkpoint.
+    """Continue a stopped, failed or preempted run from its newest verified checkpoint. A
+    finished run (unless the overrides make it longer) is left unchanged: its summary comes
+    back with a ``note`` saying so.
 
     ``target``: a run directory, a scaletrain run id (looked up under ``./runs``) or one
     checkpoint folder of a run (newer checkpoints of that run are set aside, not deleted).
@@ -89,10 +91,13 @@ def resume(
     global batch is refused by the workers. The MLflow run continues (``scaletrain.attempts``).
     Refused (RunInUse, exit 2) while another launcher uses the run directory.
     """
-    from scaletrain.launch.resume import prepare_resume
+    from scaletrain.launch.resume import RunFinished, prepare_resume
 
     started_at = started_at or time.time()
-    spec, notes, lock = prepare_resume(str(target), overrides)  # the run directory, locked
+    try:
+        spec, notes, lock = prepare_resume(str(target), overrides)  # the run directory, locked
+    except RunFinished as finished:  # its summary as it is, and why nothing ran
+        return {**finished.summary, "note": finished.note}
     with lock:
         config = JobConfig.model_validate(spec.job)
         return _launch(config, spec, started_at, None, notes)
@@ -277,6 +282,8 @@ def _run_attempt(
         )
         if preempted:
             summary.update(steps=exc.step, checkpoint_step=exc.checkpoint_step)
+        elif getattr(exc, "steps", None) is not None:  # a failed rank said how far it got
+            summary["steps"] = exc.steps
         _close(summary, run_dir, tracking, "KILLED" if interrupted else "FAILED", Redactor.for_config(spec.job))
         raise
     first_step_at = result.get("first_step_at")

@@ -54,9 +54,11 @@ class WorkerFailedError(ScaletrainError):
         rank: int | None = None,
         log_path: str | None = None,
         bad_input: bool = False,
+        steps: int | None = None,
     ):
         self.rank = rank
         self.log_path = log_path
+        self.steps = steps  # the steps the job had trained when it failed, when a rank said
         if bad_input:  # the worker failed on the user's input (e.g. a task it cannot import)
             self.exit_code = 2
         super().__init__(message)

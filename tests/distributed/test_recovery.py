@@ -114,17 +114,18 @@ def test_a_rank_that_always_fails_ends_the_job_naming_it(tmp_path, monkeypatch):
     assert info.value.rank == 1
 
 
-def test_a_corrupted_newest_checkpoint_falls_back_with_one_warning(tmp_path):
-    """A finished run's newest checkpoint (30) gets a bit flipped; resume must use step 20."""
+def test_a_corrupted_newest_checkpoint_falls_back_with_one_warning(tmp_path, reference):
+    """A run of 30 steps' newest checkpoint (30) gets a bit flipped; trained on to 40, it must
+    resume from step 20 and end as the uninterrupted 40-step run."""
     first = scaletrain.run(recovery_job(tmp_path, train={"max_steps": 30}))  # saves 10, 20, 30
     run_dir = Path(first["run_dir"])
     shard = run_dir / "checkpoints" / "step-00000030" / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
     data[100] ^= 0x10
     shard.write_bytes(bytes(data))
-    resumed = scaletrain.resume(run_dir, ["train.max_steps=30"])
-    assert resumed["resumed_from_step"] == 20 and resumed["steps"] == 30
-    assert resumed["weights_sha256"] == first["weights_sha256"]
+    resumed = scaletrain.resume(run_dir, ["train.max_steps=40"])
+    assert (resumed["resumed_from_step"], resumed["steps"]) == (20, 40)
+    assert resumed["weights_sha256"] == reference["weights_sha256"], (resumed["weights_sha256"], reference["weights_sha256"])
     warnings = [
         json.loads(line) for line in (run_dir / "logs" / "worker-0.jsonl").read_text().splitlines()
         if '"warning"' in line and "failed verification" in line

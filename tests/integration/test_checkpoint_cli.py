@@ -105,10 +105,23 @@ def test_an_object_store_without_its_driver_is_bad_input(tmp_path):
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("model.safetensors"))
 
 
-def test_resuming_a_finished_run_has_no_step_to_run(finished_run):
-    """Last in this module: it resumes the shared run. The summary once crashed on a run whose
-    first step never came (no time to it)."""
+def test_resuming_a_finished_run_says_so_and_changes_nothing(finished_run):
+    """No worker, no lock, no file rewritten: one line (the summary with --json), exit 0;
+    asked for more steps, it trains them."""
+    def state():
+        return {str(p): (p.stat().st_mtime_ns, p.stat().st_size) for p in finished_run.rglob("*")}
+
+    before = state()
+    summary = json.loads((finished_run / "summary.json").read_text())
+    note = (f"run {summary['run_id']} finished at step 30: nothing to resume (to train it longer, "
+            "pass --set train.max_steps=N)")
     result = scaletrain_cli("resume", str(finished_run))
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
-    assert "(no step to run)" in result.stdout
+    assert (result.returncode, result.stdout.strip().splitlines()) == (0, [note]), result.stderr
+    as_json = scaletrain_cli("resume", str(finished_run), "--json", "--set", "train.max_steps=30")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == {**summary, "note": note}
+    assert state() == before
+    longer = scaletrain_cli("resume", str(finished_run), "--json", "--set", "train.max_steps=32")
+    assert longer.returncode == 0, longer.stderr
+    resumed = json.loads(longer.stdout)
+    assert (resumed["resumed_from_step"], resumed["steps"], resumed["attempt"]) == (30, 32, 2)

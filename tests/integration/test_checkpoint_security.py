@@ -97,7 +97,8 @@ def test_resume_refuses_a_checkpoint_whose_index_would_run_code(tmp_path):
     expected_why = (".metadata names io.open, which a DCP index never holds (not written by "
                     "scaletrain): refused, nothing from it was run")
 
-    result = scaletrain_cli("resume", str(run_dir))
+    # One more step than the finished run trained: resume must load the newest checkpoint.
+    result = scaletrain_cli("resume", str(run_dir), "--set", "train.max_steps=6")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
@@ -128,7 +129,7 @@ def test_with_a_key_manifests_carry_an_hmac_that_resume_checks(tmp_path):
 
     # Someone who can write the folder but has no key: new data, hashes and all, no valid HMAC.
     _rewrite_file(newest, "trainer.json", (newest / "trainer.json").read_bytes() + b" ")
-    result = scaletrain_cli("resume", str(run_dir), env={KEY_ENV: KEY})
+    result = scaletrain_cli("resume", str(run_dir), "--set", "train.max_steps=6", env={KEY_ENV: KEY})
     assert result.returncode == 1 and "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].endswith(

@@ -1,6 +1,7 @@
 """MLflow tracking, read back through MlflowClient: one run per job, what it holds, secrets."""
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -240,6 +241,32 @@ def test_runs_show_and_reproduce_commands(tmp_path):
     assert "environment: same code, packages and hardware" in again.stderr
     client = MlflowClient(uri)
     assert client.get_run(outcome["new_run"]).data.tags["scaletrain.reproduces"] == summary["mlflow_run_id"]
+
+    # A run that fails after 7 steps is listed with 7, not 0.
+    failed = scaletrain_cli("run", str(job_file), env={"SCALETRAIN_FAULT": "raise:rank=0:step=7"})
+    assert failed.returncode == 1, failed.stderr[-2000:]
+    rows = json.loads(scaletrain_cli("runs", "--uri", uri, "--json").stdout)
+    assert [(r["status"], r["steps"]) for r in rows] == [("FAILED", 7), ("FINISHED", 15), ("FINISHED", 15)]
+
+    # At 80 columns every id a command takes is printed whole, one run per line.
+    table = scaletrain_cli("runs", "--uri", uri, env={"COLUMNS": "80"})
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, table.stdout
+    for row in rows:
+        (line,) = [line for line in lines if line.startswith(row["run_id"] + " ")]
+        assert row["status"].lower() in line and str(row["steps"]) in line, table.stdout
+
+    # Any prefix only one run's id has (as git and docker take them); a shared one is refused.
+    by_prefix = scaletrain_cli("show", summary["mlflow_run_id"][:8], "--uri", uri)
+    assert json.loads(by_prefix.stdout)["name"] == summary["run_id"], by_prefix.stderr
+    by_prefix = scaletrain_cli("show", summary["run_id"][:-2], "--uri", uri)
+    assert json.loads(by_prefix.stdout)["run"] == summary["mlflow_run_id"], by_prefix.stderr
+    shared = os.path.commonprefix([r["run_id"] for r in rows])  # at least the year
+    ambiguous = scaletrain_cli("show", shared, "--uri", uri)
+    names = ", ".join(sorted(r["run_id"] for r in rows))
+    assert (ambiguous.returncode, ambiguous.stderr.strip()) == (
+        2, f"error: '{shared}' is the start of 3 runs' ids ({names}); type more of it")
 
     missing = scaletrain_cli("show", "no-such-run", "--uri", uri)
     assert missing.returncode == 2

@@ -188,9 +188,9 @@ def test_resume_at_another_batch_size_keeps_the_global_batch_or_says_why_not(tmp
     launcher_log = Path(summary["run_dir"], "logs", "launcher.jsonl").read_text()
     assert ("train.grad_accum 1 -> 2 keeps the global batch of 16 samples") in launcher_log
     # A checkpoint whose global batch the job cannot have (the job file was changed by hand)
-    # is still refused by the workers.
+    # is still refused by the workers (one more step: the finished run loads its checkpoint).
     with pytest.raises(ScaletrainError) as refused:
-        scaletrain.resume(info.value.run_dir, ["data.batch_size=8", "train.grad_accum=1"])
+        scaletrain.resume(info.value.run_dir, ["data.batch_size=8", "train.grad_accum=1", "train.max_steps=31"])
     assert "was trained with a global batch of 16 samples, this job has 8" in str(refused.value)
 
 

@@ -151,6 +151,8 @@ def _run_and_report(start: Any, as_json: bool) -> None:
         raise typer.Exit(130) from None
     if as_json:
         typer.echo(json.dumps(summary))
+    elif summary.get("note"):  # nothing ran (a finished run resumed)
+        typer.echo(summary["note"])
     else:
         _print_summary(summary)
 
@@ -213,29 +215,51 @@ def tune(
 
 
 def _print_trials(summary: dict[str, Any]) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     keys = sorted({key for row in summary["trials"] for key in row["config"]})
-    table = Table(title=f"{len(summary['trials'])} trials, {summary['metric']} ({summary['mode']})")
-    for column in ("trial", *keys, summary["metric"], "reports", "status"):
-        table.add_column(column)
+    # Compact, the trial ids whole (Tune's trial folders and logs carry them); errors below.
+    table = Table(title=f"{len(summary['trials'])} trials, {summary['metric']} ({summary['mode']})",
+                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title_justify="left",
+                  padding=(0, 1, 0, 0))
+    table.add_column("trial", no_wrap=True)
+    for key in keys:  # the shortest ending of the dotted key that still tells them apart
+        table.add_column(_short_key(key, keys), justify="right")
+    table.add_column(summary["metric"], no_wrap=True, justify="right")
+    table.add_column("reports", no_wrap=True, justify="right")
+    table.add_column("status", no_wrap=True)
     best = (summary.get("best") or {}).get("trial")
-    for row in sorted(summary["trials"], key=lambda r: r["trial"]):
+    rows = sorted(summary["trials"], key=lambda r: r["trial"])
+    for row in rows:
         value = row["metric"]
         table.add_row(
-            row["trial"] + (" *" if row["trial"] == best else ""),
+            row["trial"] + (" *" if row["trial"] == best else "  "),
             *(f"{row['config'].get(k):.4g}" if isinstance(row["config"].get(k), float) else str(row["config"].get(k)) for k in keys),
             f"{value:.4f}" if isinstance(value, (int, float)) else "-",
             str(row["reports"] or "-"),
-            row["status"] + (f": {row['error']}" if row.get("error") else ""),
+            row["status"],
         )
     console = Console()
     console.print(table)
+    for row in rows:
+        if row.get("error"):
+            console.print(f"trial {row['trial']} {row['status']}: {row['error']}", soft_wrap=True)
     if summary.get("best_job"):
-        console.print(f"best trial * -> {summary['best_job']}  (scaletrain run {summary['best_job']})")
+        console.print(f"best trial * -> {summary['best_job']}  (scaletrain run {summary['best_job']})",
+                      soft_wrap=True)
     else:
         console.print("no trial finished: no best job")
+
+
+def _short_key(key: str, keys: list[str]) -> str:
+    parts = key.split(".")
+    for n in range(1, len(parts) + 1):
+        tail = ".".join(parts[-n:])
+        if sum(1 for other in keys if other == tail or other.endswith("." + tail)) == 1:
+            return tail
+    return key
 
 
 @app.command()
@@ -522,19 +546,34 @@ def runs(
     if as_json:
         typer.echo(json.dumps(rows))
         return
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("run", "name", "experiment", "status", "steps", "final loss", "duration", "git")
-    for row in rows:
+    # The id is whole whatever the width (it is what `show`, `reproduce` and `resume` take);
+    # the experiment's name is what gives way.
+    refs = [row["run_id"] or row["run"] for row in rows]
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("run", no_wrap=True, min_width=max(map(len, refs), default=3))
+    table.add_column("experiment", overflow="ellipsis", no_wrap=True, ratio=1)
+    for name in ("status", "steps", "loss", "time", "git"):
+        table.add_column(name, no_wrap=True, justify="right" if name in ("steps", "loss", "time") else "left")
+    for ref, row in zip(refs, rows):
         table.add_row(
-            row["run"][:12], row["name"] or "", row["experiment"], row["status"],
+            ref, row["experiment"], row["status"].lower(),
             "" if row["steps"] is None else str(row["steps"]),
             "" if row["final_loss"] is None else f"{row['final_loss']:.4g}",
-            "" if row["duration_s"] is None else f"{row['duration_s']:.1f} s",
-            row["git_sha"] or "",
+            "" if row["duration_s"] is None else _duration(row["duration_s"]),
+            (row["git_sha"] or "")[:7],
         )
     Console().print(table if rows else "no runs yet: train one with `scaletrain run JOB`")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
 
 
 @app.command()
@@ -613,12 +652,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"{summary['job']} finished", show_header=False, title_justify="left")
+    table = Table(title=f"{summary.get('job')} finished", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(overflow="fold")
-    table.add_row("run", summary["run_id"])
-    table.add_row("workers", f"{summary['world_size']} ({summary['engine']}, {summary['strategy']})")
-    steps = str(summary["steps"])
+    table.add_row("run", str(summary.get("run_id")))
+    table.add_row("workers", f"{summary.get('world_size')} ({summary.get('engine')}, {summary.get('strategy')})")
+    steps = str(summary.get("steps"))
     if summary.get("resumed_from_step"):
         steps += f" (resumed from step {summary['resumed_from_step']})"
     if summary.get("restarts"):
@@ -631,15 +670,18 @@ def _print_summary(summary: dict[str, Any]) -> None:
         if shown:
             table.add_row(split, "  ".join(f"{k} {_fmt(v)}" for k, v in shown.items()))
     train = summary.get("train") or {}
-    if "samples_per_s" in train:
-        table.add_row("speed", f"{train['samples_per_s']:,.0f} samples/s, {train['step_time_s'] * 1e3:.1f} ms/step")
-    first = summary.get("time_to_first_step_s")  # None: no step ran (a resumed run already done)
-    table.add_row("wall time", f"{summary['wall_time_s']:.1f} s" + (
-        f" (first step after {first:.1f} s)" if first is not None else " (no step to run)"))
+    speed, step_time = train.get("samples_per_s"), train.get("step_time_s")
+    if isinstance(speed, (int, float)) and isinstance(step_time, (int, float)):
+        table.add_row("speed", f"{speed:,.0f} samples/s, {step_time * 1e3:.1f} ms/step")
+    wall, first = summary.get("wall_time_s"), summary.get("time_to_first_step_s")
+    if isinstance(wall, (int, float)):  # first None: no step ran (a resumed run already done)
+        table.add_row("wall time", f"{wall:.1f} s" + (
+            f" (first step after {first:.1f} s)" if isinstance(first, (int, float)) else " (no step to run)"))
     if summary.get("checkpoint_step") is not None:
         table.add_row("checkpoint", f"step {summary['checkpoint_step']}")
-    table.add_row("weights", summary["weights"])
-    table.add_row("logs", summary["logs"])
+    for key in ("weights", "logs"):
+        if summary.get(key):
+            table.add_row(key, str(summary[key]))
     console.print(table)
 
 

@@ -201,9 +201,9 @@ class Trainer:
             result.train = self._report_train(window)
         if eval_due:
             result.eval = self.run_eval()
-        if self.faults is not None and self.faults.active:
-            self.faults.after_step(self.step)
         self.reporter.on_step(self.step)
+        if self.faults is not None and self.faults.active:  # the step is done: counted as trained
+            self.faults.after_step(self.step)
         decision = self.control.check(
             self.step,
             async_ready=self.checkpoints is None or self.checkpoints.pending_ready,

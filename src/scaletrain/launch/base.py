@@ -111,11 +111,13 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str],
         rank = min(fallback, key=lambda r: (_last_heard(spec, r), r)) if fallback else (ranks[0] if ranks else 0)
         what = fallback.get(rank, "unknown failure")
     log_path = str(spec.worker_log(rank))
+    steps = [e["steps"] for e in errors.values() if isinstance(e.get("steps"), int)]
     return WorkerFailedError(
         f"worker rank {rank} failed: {what} (details: {log_path})",
         rank=rank,
         log_path=log_path,
         bad_input=bad_input,
+        steps=max(steps) if steps else None,
     )
 
 

@@ -20,7 +20,19 @@ from scaletrain.config.schema import JobConfig
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.rundir import RunLock, RunSpec, check_run_ref
 
-__all__ = ["prepare_resume", "find_run_dir", "keep_global_batch"]
+__all__ = ["prepare_resume", "find_run_dir", "keep_global_batch", "RunFinished"]
+
+
+class RunFinished(Exception):
+    """Not an error: the run trained every step its job asks for; resuming it changes nothing."""
+
+    def __init__(self, summary: dict, length_key: str):
+        super().__init__(summary.get("run_id"))
+        self.summary = summary
+        self.note = (
+            f"run {summary.get('run_id')} finished at step {summary.get('steps')}: nothing to resume "
+            f"(to train it longer, pass --set {length_key}=N)"
+        )
 
 
 def find_run_dir(target: str, runs_root: str | Path = "runs") -> tuple[Path, Path | None]:
@@ -38,12 +50,16 @@ def find_run_dir(target: str, runs_root: str | Path = "runs") -> tuple[Path, Pat
             )
         return run_dir.resolve(), path.resolve()
     if not path.exists() and "/" not in target:
-        check_run_ref(target)  # a run id, never a glob pattern
-        matches = sorted(Path(runs_root).glob(f"*/{target}/spec.json"))
+        check_run_ref(target)  # a run id or the start of one, never a glob pattern
+        matches = sorted(Path(runs_root).glob(f"*/{target}/spec.json")) or sorted(
+            Path(runs_root).glob(f"*/{target}*/spec.json"))
         if len(matches) == 1:
             return matches[0].parent.resolve(), None
         if len(matches) > 1:
-            raise ConfigError(f"run id {target!r} matches {len(matches)} runs; pass the run directory")
+            names = ", ".join(str(m.parent) for m in matches[:5])
+            more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
+            raise ConfigError(f"run id {target!r} matches {len(matches)} runs ({names}{more}); "
+                              "pass the run directory, or more of the id")
     raise ConfigError(
         f"cannot resume {target!r}: not a run directory (with spec.json), a checkpoint folder "
         f"(with {MANIFEST_FILE}) or a run id under ./{runs_root}; see `scaletrain runs`"
@@ -68,6 +84,8 @@ def prepare_resume(
         spec = RunSpec.read(run_dir / "spec.json")
     except (OSError, ValueError, TypeError) as exc:
         raise ScaletrainError(f"cannot read {run_dir / 'spec.json'}: {exc}") from None
+    if folder is None:
+        _refuse_if_finished(spec, run_dir, overrides)
     notes = _continue_here(spec, run_dir)
     lock = RunLock(run_dir, spec.run_id, spec.node_rank).acquire()
     try:
@@ -76,6 +94,31 @@ def prepare_resume(
         lock.release()
         raise
     return spec, notes, lock
+
+
+def _refuse_if_finished(spec: RunSpec, run_dir: Path, overrides: list[str] | tuple[str, ...]) -> None:
+    """A finished run is left as it is (no worker, no lock, no MLflow attempt) unless the
+    overrides make it longer, or its checkpoints end before its last step (newer ones set
+    aside: that timeline is trained again). Raises RunFinished with its summary."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(summary, dict) or summary.get("status") != "finished" or summary.get("run_id") != spec.run_id:
+        return
+    source = str(run_dir / "spec.json")
+    recorded, asked = parse_job(spec.job, source=source), parse_job(spec.job, overrides, source=source)
+    if any(getattr(recorded.train, key) != getattr(asked.train, key) for key in ("max_steps", "epochs")):
+        return
+    if recorded.checkpoint.enabled and isinstance(summary.get("steps"), int):
+        location = spec.checkpoints or checkpoint_location(recorded, spec.run_id, spec.run_dir)
+        try:
+            steps = [step_of(name) or 0 for name in open_storage(location).names()]
+        except Exception:  # unreadable here: resume itself says why
+            return
+        if steps and max(steps) < summary["steps"]:
+            return
+    raise RunFinished(summary, "train.epochs" if recorded.train.epochs is not None else "train.max_steps")
 
 
 def _prepare(spec: RunSpec, run_dir: Path, folder: Path | None,

@@ -136,7 +136,7 @@ def run_worker(
             "worker failed: %s: %s", type(exc).__name__, exc, exc_info=True,
             extra={"console": False},
         )
-        _write_error(spec, env.rank, exc, Redactor.for_config(spec.job))
+        _write_error(spec, env.rank, exc, Redactor.for_config(spec.job), context.step)
         raise
     finally:
         restore_signals()
@@ -290,11 +290,14 @@ def _reporter_for(
     return Reporters(*sinks)
 
 
-def _write_error(spec: RunSpec, rank: int, exc: BaseException, redactor: Redactor) -> None:
-    """A small JSON file per failed rank, so any launcher can show the user the real error;
-    on a job of several nodes, also sent to the driver with the log's last lines."""
+def _write_error(spec: RunSpec, rank: int, exc: BaseException, redactor: Redactor,
+                 steps: int | None = None) -> None:
+    """A small JSON file per failed rank, so any launcher can show the user the real error
+    (and the steps trained); on a job of several nodes, also sent to the driver with the
+    log's last lines."""
     error = {
         "rank": rank,
+        "steps": steps,
         "type": type(exc).__name__,
         "message": redactor.text(str(exc)),
         "traceback": redactor.text(traceback.format_exc()),

@@ -59,6 +59,8 @@ def list_runs(uri: str, experiment: str | None, limit: int) -> list[dict[str, An
         rows.append(
             {
                 "run": info.run_id,
+                # What show, reproduce and resume take, and what the run directory is named.
+                "run_id": data.tags.get("scaletrain.run_id"),
                 "name": info.run_name,
                 "experiment": client.get_experiment(info.experiment_id).name,
                 "status": info.status,
@@ -72,8 +74,9 @@ def list_runs(uri: str, experiment: str | None, limit: int) -> list[dict[str, An
 
 
 def find_run(uri: str, run_ref: str) -> Any:
-    """An MLflow run by its id, or by scaletrain's own run id (the run name). ``run_ref`` is
-    checked first: it goes into MLflow's filter text."""
+    """An MLflow run by its id or scaletrain's own run id (the run name), or by a prefix of
+    either that only one run has (as git and docker take ids). ``run_ref`` is checked first:
+    it goes into MLflow's filter text."""
     from mlflow.exceptions import MlflowException
 
     check_run_ref(run_ref)
@@ -86,11 +89,32 @@ def find_run(uri: str, run_ref: str) -> Any:
     try:
         ids = [e.experiment_id for e in client.search_experiments()]
         found = ids and client.search_runs(ids, filter_string=f"tags.`scaletrain.run_id` = '{run_ref}'")
+        if not found and ids:
+            # LIKE: '_' (allowed in ids) matches any character there, so the prefix is checked again.
+            found = [run for query in (f"attributes.run_id LIKE '{run_ref}%'",
+                                       f"tags.`scaletrain.run_id` LIKE '{run_ref}%'")
+                     for run in client.search_runs(ids, filter_string=query, max_results=50)]
+            found = list({run.info.run_id: run for run in found if _starts(run, run_ref)}.values())
     except Exception as exc:
         raise _read_error(f"cannot search the runs for {run_ref}", uri, exc) from None
+    if len(found or []) > 1 and found[0].data.tags.get("scaletrain.run_id") != run_ref:
+        names = ", ".join(sorted(_ref_of(run, run_ref) for run in found)[:5])
+        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+        raise RunNotFound(f"'{run_ref}' is the start of {len(found)} runs' ids ({names}{more}); "
+                          "type more of it")
     if found:
         return found[0]
     raise RunNotFound(f"no run '{run_ref}' at {redact_url(uri)}; list them with: scaletrain runs")
+
+
+def _starts(run: Any, prefix: str) -> bool:
+    return run.info.run_id.startswith(prefix) or run.data.tags.get("scaletrain.run_id", "").startswith(prefix)
+
+
+def _ref_of(run: Any, prefix: str) -> str:
+    """The id of ``run`` that starts with ``prefix`` (the one the user was typing)."""
+    own = run.data.tags.get("scaletrain.run_id", "")
+    return own if own.startswith(prefix) else run.info.run_id
 
 
 def download_json(uri: str, run_id: str, artifact: str) -> dict[str, Any] | None:

@@ -91,7 +91,9 @@ class TrackingSession:
         assert self._proc is not None and self._proc.stdin is not None
         deadline = self._deadline or time.monotonic() + self.config.tracking.flush_timeout_s
         timeout = max(0.0, deadline - time.monotonic())
-        tags: dict[str, Any] = {"scaletrain.steps": summary.get("steps", 0)}
+        tags: dict[str, Any] = {}
+        if summary.get("steps") is not None:  # unknown (a worker killed outright): no tag, not 0
+            tags["scaletrain.steps"] = summary["steps"]
         if summary.get("weights_sha256"):
             tags["scaletrain.weights_sha256"] = summary["weights_sha256"]
         command = {"timeout_s": timeout, "status": status, "tags": tags, "restarts": summary.get("restarts", 0),

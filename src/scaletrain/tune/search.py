@@ -80,7 +80,8 @@ class SearchOptions:
 
 
 def search_root(job: JobConfig) -> Path:
-    return Path(job.run_dir) / "tune" / job.name
+    """Absolute: Ray Tune takes a relative storage path for a URI without a scheme."""
+    return (Path(job.run_dir).expanduser() / "tune" / job.name).resolve()
 
 
 def run_search(job_file: str, space_file: str, options: SearchOptions, resume: bool = False) -> dict[str, Any]:
