@@ -5,17 +5,11 @@ plain shell (no RAY_* variables). And the addresses that cannot be joined: each 
 scale.connect_timeout_s with one `error:` line that says what to do, without Ray's warnings.
 """
 
-import importlib.metadata
 import importlib.util
 import json
-import os
-import secrets
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +17,7 @@ import pytest
 
 import scaletrain
 from tests.helpers.run import REPO
+from tests.helpers.servers import RayHead, free_port, user_env
 from tests.helpers.tasks import toy_job
 
 pytestmark = pytest.mark.distributed
@@ -31,18 +26,6 @@ pytestmark = pytest.mark.distributed
 # process, as a user's would.
 if importlib.util.find_spec("ray") is None:
     pytest.skip("Ray is not installed (pip install 'scaletrain[ray]')", allow_module_level=True)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
-
-
-def user_env(home: Path, **extra: str) -> dict[str, str]:
-    """A shell of a user who set nothing for Ray (the test runner's RAY_* are not theirs)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    return {**env, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", **extra}
 
 
 def scaletrain_run(job: dict, where: Path, *args: str, env: dict[str, str], timeout: float = 240):
@@ -59,53 +42,9 @@ def small_job(root: Path) -> dict:
                    scale={"workers": 2, "cpus_per_worker": 0.5})
 
 
-class Head:
-    """`ray start --head` in its own HOME and temp dir (short: Ray's socket paths are limited),
-    in its own process group: the daemons it leaves stay in that group, and are stopped by it."""
-
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="st-join-", dir="/tmp"))
-        self.home = self.root / "home"
-        (self.home / ".ray").mkdir(parents=True)
-        (self.home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
-        self.port = free_port()
-        self.pgid: int | None = None
-
-    def start(self) -> "Head":
-        env = user_env(self.home)
-        if _ray_version() < (2, 59):  # older Rays turn tokens on only when asked
-            env["RAY_AUTH_MODE"] = "token"
-        ray_cli = Path(sys.executable).with_name("ray")
-        command = [str(ray_cli) if ray_cli.exists() else shutil.which("ray") or "ray",
-                   "start", "--head", f"--port={self.port}", "--num-cpus=2",
-                   "--include-dashboard=false", f"--temp-dir={self.root / 'ray'}"]
-        start = subprocess.Popen(command, cwd=self.root, env=env, start_new_session=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.pgid = start.pid  # session leader: its daemons keep this process group
-        out, _ = start.communicate(timeout=120)
-        assert start.returncode == 0, out[-3000:]
-        assert "Token authentication is enabled" in out or "RAY_AUTH_MODE" in env, out[-3000:]
-        return self
-
-    def stop(self) -> None:
-        if self.pgid is not None:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(self.pgid, sig)
-                except ProcessLookupError:
-                    break
-                time.sleep(2 if sig == signal.SIGTERM else 0)
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _ray_version() -> tuple[int, int]:
-    major, minor = importlib.metadata.version("ray").split(".")[:2]
-    return int(major), int(minor)
-
-
 @pytest.fixture(scope="module")
 def head():
-    cluster = Head()
+    cluster = RayHead()
     try:
         yield cluster.start()
     finally:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -167,3 +171,53 @@ class S3Server(_LoopbackServer):
 
     def make_bucket(self, name: str) -> None:
         self.client().create_bucket(Bucket=name)
+
+
+def user_env(home: Path, **extra: str) -> dict[str, str]:
+    """A shell of a user who set nothing for Ray (the test runner's RAY_* are not theirs)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    return {**env, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", **extra}
+
+
+class RayHead:
+    """`ray start --head` in its own HOME and temp dir (short: Ray's socket paths are limited),
+    in its own process group: the daemons it leaves stay in that group, and are stopped by it."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="st-join-", dir="/tmp"))
+        self.home = self.root / "home"
+        (self.home / ".ray").mkdir(parents=True)
+        (self.home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
+        self.port = free_port()
+        self.pgid: int | None = None
+
+    def start(self) -> "RayHead":
+        env = user_env(self.home)
+        if _ray_version() < (2, 59):  # older Rays turn tokens on only when asked
+            env["RAY_AUTH_MODE"] = "token"
+        ray_cli = Path(sys.executable).with_name("ray")
+        command = [str(ray_cli) if ray_cli.exists() else shutil.which("ray") or "ray",
+                   "start", "--head", f"--port={self.port}", "--num-cpus=2",
+                   "--include-dashboard=false", f"--temp-dir={self.root / 'ray'}"]
+        start = subprocess.Popen(command, cwd=self.root, env=env, start_new_session=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.pgid = start.pid  # session leader: its daemons keep this process group
+        out, _ = start.communicate(timeout=120)
+        assert start.returncode == 0, out[-3000:]
+        assert "Token authentication is enabled" in out or "RAY_AUTH_MODE" in env, out[-3000:]
+        return self
+
+    def stop(self) -> None:
+        if self.pgid is not None:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(self.pgid, sig)
+                except ProcessLookupError:
+                    break
+                time.sleep(2 if sig == signal.SIGTERM else 0)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _ray_version() -> tuple[int, int]:
+    major, minor = importlib.metadata.version("ray").split(".")[:2]
+    return int(major), int(minor)

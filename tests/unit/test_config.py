@@ -4,6 +4,7 @@ import pytest
 import yaml
 
 from scaletrain.config import apply_overrides, job_schema, job_to_yaml, load_job, parse_job
+from scaletrain.config.schema import OptimConfig
 from scaletrain.errors import ConfigError
 
 BASE = {
@@ -78,6 +79,18 @@ def test_missing_section_and_every_problem_listed():
     assert problems(data) == [
         "data.batch_size: must be a positive integer, got 0",
         "optim: required; add it to the job file",
+    ]
+
+
+def test_a_misspelt_required_key_is_one_problem():
+    optim = {k: v for k, v in BASE["optim"].items() if k != "lr"}
+    data = {**BASE, "optim": {**optim, "lrr": 3e-3}}
+    assert problems(data) == ["optim.lrr: unknown key; did you mean 'lr'?"]
+    # Not a near miss of it: the missing key is still its own problem.
+    data = {**BASE, "optim": {**optim, "zz": 3e-3}}
+    assert problems(data) == [
+        "optim.lr: required; add it to the job file",
+        f"optim.zz: unknown key; valid keys here: {', '.join(OptimConfig.model_fields)}",
     ]
 
 

@@ -127,8 +127,20 @@ def parse_job(
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:
-        problems = [_clip(_describe(err), _LINE) for err in exc.errors()]
+        problems = [_clip(_describe(err), _LINE) for err in _without_misspelt(exc.errors())]
         raise ConfigError(problems, source=source) from None
+
+
+def _without_misspelt(errors: list[Any]) -> list[Any]:
+    """A required key written with a typo is one problem, not two: 'optim.lrr: unknown key;
+    did you mean 'lr'?' says it all, so 'optim.lr: required' is left out."""
+    meant = set()
+    for err in errors:
+        loc = tuple(map(str, err["loc"]))
+        if err["type"] == "extra_forbidden" and (model := _model_at(loc)) is not None:
+            close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.6)
+            meant.update(loc[:-1] + (name,) for name in close)
+    return [err for err in errors if not (err["type"] == "missing" and tuple(map(str, err["loc"])) in meant)]
 
 
 def _is_unicode(text: str) -> bool:

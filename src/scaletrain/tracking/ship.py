@@ -53,8 +53,12 @@ class _Commands:
 
 
 def _emit(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+    """A line to the launcher; nothing when it is gone (it died, or was killed: no one reads)."""
+    try:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        pass
 
 
 def _idle_priority() -> None:
