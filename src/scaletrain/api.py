@@ -207,7 +207,7 @@ def _preflight(config: JobConfig, spec: Any, checkpoint_bytes: int | None = None
     from scaletrain.preflight import raise_on_failure, run_preflight
     from scaletrain.tracking.session import recorded_run
 
-    recorded = recorded_run(spec.run_dir) or {}
+    recorded = recorded_run(spec.run_dir, config) or {}
     checks = run_preflight(config, spec, checkpoint_bytes=checkpoint_bytes,
                            tracking_uri=recorded.get("uri"), recorded_run_id=recorded.get("run_id"))
     raise_on_failure(checks)

@@ -81,6 +81,11 @@ def leaks(root: Path, skip: set[Path]) -> list[str]:
     return found
 
 
+def console_leaks(out: subprocess.CompletedProcess) -> list[str]:
+    console = (out.stdout + out.stderr).encode("utf-8")
+    return [f"console: {secret!r}" for secret in PLANTED if any(form in console for form in written_forms(secret))]
+
+
 def cli_env(tmp_path) -> dict:
     return {"PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}", "PWD": str(tmp_path), "HF_TOKEN": HF_TOKEN,
             "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
@@ -99,6 +104,7 @@ def test_a_failed_run_leaves_no_secret_in_any_file_and_ordinary_names_alone(tmp_
     out = scaletrain_cli("run", str(job_file), "--json", cwd=tmp_path, env=cli_env(tmp_path))
     assert out.returncode == 1 and "RuntimeError: upload to" in out.stderr, out.stderr[-3000:]
     (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/*/spec.json")]
+    assert console_leaks(out) == []
 
     # Nothing the run wrote holds a secret, in any encoding: its files, the MLflow store and
     # artifacts. spec.json is what the workers need (unredacted), its owner's alone, never uploaded.
@@ -128,6 +134,60 @@ def test_a_failed_run_leaves_no_secret_in_any_file_and_ordinary_names_alone(tmp_
     assert saved and all(path.startswith(f"{tmp_path}/runs/") for path in saved), saved
     (hub,) = [entry for entry in lines if entry["message"].startswith("hub ")]
     assert (hub["message"], hub["hub_token"], hub["pad_token_id"]) == (f"hub {MASKED_NOTE} with token ***", "***", 3)
+
+
+@pytest.fixture
+def auth_server(tmp_path_factory):
+    from tests.helpers.servers import MlflowAuthServer
+
+    server = MlflowAuthServer(tmp_path_factory.mktemp("mlflow-auth")).start()
+    yield server
+    server.stop()
+
+
+def test_a_password_in_the_tracking_uri_is_nowhere_but_the_job_file(tmp_path, auth_server):
+    """tracking.uri carries user:password@ to a real server that wants them: the run is tracked
+    there, and resumed into the same MLflow run (the job file gives the password again), yet the
+    password is in no file of the run (its workers' and launcher's logs included), nothing the
+    server stored, and nothing on the console (the workers print there)."""
+    password = "trk-Pw_5e6f7a8b"
+    auth_server.call("users/create", {"username": "ana", "password": password})
+    uri = auth_server.uri.replace("http://", f"http://ana:{password}@")
+    job = secret_job(tmp_path, run_dir="runs", scale={"workers": 2}, train={"max_steps": 4, "log_every": 1},
+                     tracking={"enabled": True, "uri": uri, "experiment": "secrets", "log_model": False})
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job, allow_unicode=True), encoding="utf-8")
+    env = {**cli_env(tmp_path), "MLFLOW_TRACKING_URI": ""}
+    out = scaletrain_cli("run", str(job_file), cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/*/spec.json")]
+    again = scaletrain_cli("resume", str(run_dir), "--set", "train.max_steps=6", cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {"worker-0.jsonl", "worker-1.jsonl", "launcher.jsonl"} <= {p.name for p in (run_dir / "logs").iterdir()}
+
+    secrets = (password, *PLANTED)
+    console = (out.stdout + out.stderr + again.stdout + again.stderr).encode("utf-8")
+    found = [f"console: {s!r}" for s in secrets if any(form in console for form in written_forms(s))]
+    server_config = {auth_server.root / "basic_auth.ini"}  # the admin's, not ana's
+    for root in (tmp_path, auth_server.root):
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            if path in {job_file, run_dir / "spec.json", *server_config}:
+                continue
+            data = path.read_bytes()
+            found += [f"{path}: {s!r}" for s in secrets if any(form in data for form in written_forms(s))]
+    assert found == [], "\n".join(found)
+
+    from mlflow import MlflowClient
+
+    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = "ana", password
+    try:
+        client = MlflowClient(auth_server.uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("secrets").experiment_id])
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    finally:
+        del os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]
+    assert run.data.params["tracking.uri"] == auth_server.uri.replace("http://", "http://***@")
+    assert (run.info.status, run.data.tags["scaletrain.attempts"], steps) == ("FINISHED", "2", [1, 2, 3, 4, 5, 6])
 
 
 def test_the_run_card_keeps_no_diff_and_git_runs_no_command_of_the_repository(tmp_path, monkeypatch):

@@ -20,21 +20,42 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.config.schema import JobConfig
+from scaletrain.tracking.redact import redact_url
 
-__all__ = ["TrackingSession", "recorded_run"]
+__all__ = ["TrackingSession", "record_run", "recorded_run"]
 
 RUN_FILE = "mlflow_run.json"
 EXTRA_TAGS_ENV = "_SCALETRAIN_TRACKING_EXTRA_TAGS"
 ARTIFACTS_TIMEOUT_S = 600.0
 
 
-def recorded_run(run_dir: str | Path) -> dict[str, str] | None:
-    """The MLflow run a run directory belongs to, if one was ever created."""
+def recorded_run(run_dir: str | Path, config: JobConfig | None = None) -> dict[str, str] | None:
+    """The MLflow run a run directory belongs to, if one was ever created. Its store's URI is
+    recorded without credentials (see record_run); with ``config``, the job's own URI stands
+    in for it when it names the same store, credentials and all."""
     try:
         data = json.loads((Path(run_dir) / "tracking" / RUN_FILE).read_text(encoding="utf-8"))
-        return data if data.get("run_id") else None
     except (OSError, ValueError):
         return None
+    if not isinstance(data, dict) or not data.get("run_id"):
+        return None
+    if config is not None and data.get("uri"):
+        from scaletrain.tracking.mlflow_run import resolve_tracking_uri
+
+        current = resolve_tracking_uri(config)
+        if redact_url(current) == data["uri"]:
+            data["uri"] = current
+    if "://***@" in str(data.get("uri")):  # another store's credentials: MLFLOW_TRACKING_USERNAME's, if any
+        data["uri"] = data["uri"].replace("://***@", "://", 1)
+    return data
+
+
+def record_run(run_dir: str | Path, uri: str, run_id: str) -> None:
+    """Remember the job's MLflow run for a resume. A password in the URI stays out of the run
+    directory (it is copied, shared and uploaded): the job file or the environment gives it again."""
+    from scaletrain.checkpoint.atomic import write_text_atomic
+
+    write_text_atomic(Path(run_dir) / "tracking" / RUN_FILE, json.dumps({"uri": redact_url(uri), "run_id": run_id}))
 
 
 class TrackingSession:

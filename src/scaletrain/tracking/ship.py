@@ -76,24 +76,22 @@ def _open_run(config: Any, spec: Any, engine: str, extra_tags: dict[str, str], l
               commands: _Commands, max_backoff_s: float) -> Any:
     """The job's MLflow run, reopened on resume; retried with backoff until it opens or the
     launcher says the attempt is over (then None)."""
-    from scaletrain.checkpoint.atomic import write_text_atomic
     from scaletrain.tracking.mlflow_run import TrackingRun
     from scaletrain.tracking.sender import configure_mlflow_client
-    from scaletrain.tracking.session import RUN_FILE, recorded_run
+    from scaletrain.tracking.session import record_run, recorded_run
 
     run_dir = Path(spec.run_dir)
     backoff, failing = 1.0, False
     while True:
         try:
             configure_mlflow_client()
-            known = recorded_run(run_dir)
+            known = recorded_run(run_dir, config)
             if known:  # a resumed job continues its run
                 run = TrackingRun.reopen(config, known["uri"], known["run_id"], spec.attempt)
             else:
                 run = TrackingRun.start(config, spec.run_id, spec.trace_id, engine, spec.python_path,
                                         extra_tags)
-                write_text_atomic(run_dir / "tracking" / RUN_FILE,
-                                  json.dumps({"uri": run.uri, "run_id": run.run_id}))
+                record_run(run_dir, run.uri, run.run_id)
                 run.log_artifact(run_dir / "job.yaml")
         except Exception as exc:
             if not failing:
