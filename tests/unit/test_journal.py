@@ -24,3 +24,74 @@ def test_points_survive_a_reopen_and_the_cursor_says_what_is_left(tmp_path):
     reopened.append([(3, 3000, {"x": 1.0}), (4, 4000, {"x": 2.0})])  # one write, two lines
     reopened.close()
     assert [p.seq for p in pending(MetricJournal(tmp_path))] == [3, 4, 5, 6]
+
+
+class RecordingClient:
+    """MLflow's client as the sender sees it (log_batch), recording every point it accepts;
+    the first ``fail`` calls raise as an unreachable server does (nothing accepted)."""
+
+    def __init__(self, fail: int = 0):
+        self.fail, self.calls, self.accepted = fail, 0, []
+
+    def log_batch(self, run_id, metrics, synchronous=True):
+        self.calls += 1
+        if self.calls <= self.fail:
+            raise ConnectionError("server down")
+        self.accepted += [(m.key, m.step, m.timestamp) for m in metrics]
+
+
+def journal_with(tmp_path, steps: range) -> MetricJournal:
+    journal = MetricJournal(tmp_path)
+    for step in steps:
+        journal.append([(step, 1000 * step, {"train/loss": 1.0 / step, "train/lr": 0.1})])
+    return journal
+
+
+def ship(tmp_path, client, timeout_s=30.0, poll_s=0.05, while_running=None):
+    import logging
+
+    from scaletrain.tracking.shipper import JournalShipper
+
+    shipper = JournalShipper(client, "run", tmp_path, logging.getLogger("test"), poll_s=poll_s)
+    shipper.sender._interval = 0.01  # gather briefly: the test is about what is sent, not when
+    shipper.sender._max_backoff = 0.05
+    shipper.start()
+    if while_running is not None:
+        while_running(shipper)
+    return shipper.close(timeout_s), shipper.sender.delivered
+
+
+def test_the_shipper_sends_every_point_once_through_failures_and_polls(tmp_path):
+    import time
+
+    journal = journal_with(tmp_path, range(1, 6))
+    client = RecordingClient(fail=3)
+
+    def more_while_polling(shipper):
+        for step in range(6, 11):  # journaled while the shipper polls and the server fails
+            journal.append([(step, 1000 * step, {"train/loss": 1.0 / step, "train/lr": 0.1})])
+            time.sleep(0.03)
+
+    left, delivered = ship(tmp_path, client, while_running=more_while_polling)
+    sent = [(key, step) for key, step, _ in client.accepted]
+    expected = [(key, step) for step in range(1, 11) for key in ("train/loss", "train/lr")]
+    assert (left, delivered, sorted(sent)) == (0, 20, sorted(expected)), sent
+    assert client.calls > 3 and journal.sent_cursor() == 20
+
+
+def test_a_later_attempt_sends_only_what_the_earlier_could_not(tmp_path):
+    journal_with(tmp_path, range(1, 4))
+    down = RecordingClient(fail=10**6)
+    left, delivered = ship(tmp_path, down, timeout_s=0.2)
+    assert (left, delivered, down.accepted) == (6, 0, [])
+
+    up = RecordingClient()
+    assert ship(tmp_path, up) == (0, 6)
+    journal = MetricJournal(tmp_path)
+    journal.append([(4, 4000, {"train/loss": 0.25})])  # the next attempt trains on
+    again = RecordingClient()
+    assert ship(tmp_path, again) == (0, 1)
+    assert [(key, step) for key, step, _ in up.accepted + again.accepted] == [
+        ("train/loss", 1), ("train/lr", 1), ("train/loss", 2), ("train/lr", 2), ("train/loss", 3), ("train/lr", 3),
+        ("train/loss", 4)]
+    assert [ts for _, _, ts in up.accepted[:2]] == [1000, 1000]  # a point keeps its own time
