@@ -217,6 +217,20 @@ def test_sigterm_to_the_launcher_checkpoints_then_cli_resume(tmp_path, reference
     assert summary["weights_sha256"] == reference["weights_sha256"]
     assert [row["step"] for row in read_metrics(run_dir)] == list(range(1, 41))
 
+    # Any checkpoint gives the same weights: rank 0's log shows where it stopped and resumed.
+    entries = [json.loads(l) for l in (Path(run_dir) / "logs" / "worker-0.jsonl").read_text().splitlines()]
+    starts = [i for i, e in enumerate(entries) if e["message"] == "worker started"]
+    assert len(starts) == 2, [e["message"] for e in entries]
+    first, second = entries[starts[0]:starts[1]], entries[starts[1]:]
+    (stop,) = [e for e in first if e["message"].startswith("stopping at step")]
+    stopped_at = stop["step"]
+    assert stop["message"] == f"stopping at step {stopped_at} on SIGTERM; saving a checkpoint"
+    saved = [e["step"] for e in first if e["message"] == "checkpoint saved"]
+    assert saved[-1] == stopped_at, saved
+    (resumed,) = [e for e in second if e["message"] == "resumed"]
+    trained = [[e["step"] for e in part if e["message"] == "train metrics"] for part in (first, second)]
+    assert (resumed["step"], trained) == (stopped_at, [list(range(1, stopped_at + 1)), list(range(stopped_at + 1, 41))])
+
 
 def test_object_storage_checkpoints_recover_and_verify(tmp_path, monkeypatch, s3_server, reference):
     job = recovery_job(tmp_path, checkpoint={"dir": "s3://ckpt/runs"})

@@ -63,6 +63,28 @@ def test_verify_resume_passes_for_a_task_that_resumes_exactly(tmp_path):
     assert result.stdout.startswith("PASS: resumed from step 8 after a kill at step 12; final weights match")
 
 
+def test_verify_resume_reports_the_step_the_workers_resumed_from(tmp_path, monkeypatch):
+    """A restart that finds no checkpoint trains from step 0 to the same weights: verify-resume
+    reports what the workers did, and fails. (Broken on purpose: no checkpoint before the kill.)"""
+    import scaletrain.verify_resume as verify
+
+    real_run = verify.run
+
+    def no_checkpoint_before_the_kill(job, overrides):
+        if "recovery.max_restarts=1" in overrides:
+            overrides = [o if not o.startswith("checkpoint.every_steps=") else "checkpoint.every_steps=1000"
+                         for o in overrides]
+        return real_run(job, overrides)
+
+    monkeypatch.setattr(verify, "run", no_checkpoint_before_the_kill)
+    job = write_job(tmp_path, toy_job(tmp_path, task={"args": {"dropout": 0.1}}))
+    outcome = verify.verify_resume(str(job), [], 16)
+    assert outcome["uninterrupted_sha256"] == outcome["resumed_sha256"]
+    assert (outcome["passed"], outcome["restarts"], outcome["resumed_from_step"]) == (False, 1, None)
+    assert outcome["problem"] == ("the restarted workers found no checkpoint (one was due at step 8) and trained "
+                                  "from step 0, which tests nothing about resuming")
+
+
 def test_verify_resume_fails_for_a_task_with_hidden_state(tmp_path):
     job = write_job(tmp_path, toy_job(tmp_path, task={"target": "tests.helpers.tasks:HiddenStateTask"}))
     result = scaletrain_cli("verify-resume", str(job), "--steps", "16")

@@ -450,7 +450,7 @@ def verify_resume(
             f"{outcome['killed_at_step']}; final weights match bit for bit ({outcome['resumed_sha256'][:16]})"
         )
     else:
-        typer.echo(f"FAIL: {outcome['first_difference'] or 'the worker was not restarted'}")
+        typer.echo(f"FAIL: {outcome['problem']}")
     if not outcome["passed"]:
         raise typer.Exit(1)
 
