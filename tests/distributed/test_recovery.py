@@ -78,6 +78,22 @@ def test_sigkill_between_checkpoints_resumes_to_the_same_weights(tmp_path, monke
     assert steps == list(range(1, 41))
 
 
+def test_async_checkpoints_resume_to_the_same_weights(tmp_path, monkeypatch, reference):
+    """Async saves reuse their CPU staging buffers: the newest committed one (after at least 4
+    earlier saves; the one still writing at the kill is not committed) and an older one each
+    resume to the uninterrupted weights."""
+    job = recovery_job(tmp_path, checkpoint={"every_steps": 5, "keep_last": 10, "async_save": True})
+    summary = run_with_fault(monkeypatch, "sigkill:rank=1:step=33", job)
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] in (25, 30), summary["resumed_from_step"]
+    assert summary["weights_sha256"] == reference["weights_sha256"], "resumed from the newest async checkpoint"
+    entries = [json.loads(l) for l in Path(summary["run_dir"], "logs", "worker-0.jsonl").read_text().splitlines()]
+    saved = [e["step"] for e in entries if e["message"] == "checkpoint saved" and e["async"]]
+    assert saved[:5] == [5, 10, 15, 20, 25], saved
+    older = scaletrain.resume(str(Path(summary["run_dir"], "checkpoints", "step-00000010")))
+    assert older["resumed_from_step"] == 10
+    assert older["weights_sha256"] == reference["weights_sha256"], "resumed from the async step-10 checkpoint"
+
+
 def test_two_faults_in_one_run(tmp_path, monkeypatch, reference):
     job = recovery_job(tmp_path, recovery={"max_restarts": 2})
     summary = run_with_fault(

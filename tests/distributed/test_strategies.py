@@ -1,5 +1,6 @@
-"""Same numbers whatever the strategy: single, DDP, FSDP2 and HSDP on the tiny_gpt example
-(2 gloo workers), checkpoints that move between strategies, recovery under FSDP.
+"""Same numbers whatever the strategy: single, DDP, FSDP2 (with and without gradient
+accumulation) and HSDP (2 replicas of 1 shard on 2 workers, and a 2x2 mesh on 4) on the tiny_gpt
+example (gloo workers), checkpoints that move between strategies and train on, recovery under FSDP.
 
 Tolerance for losses: relative 1e-5 per step over 20 steps. DDP all-reduces gradients, FSDP
 reduce-scatters them and a single process sums one batch of twice the size: the same
@@ -13,7 +14,7 @@ import pytest
 
 import scaletrain
 from scaletrain.faults import FAULT_ENV
-from tests.helpers.run import REPO, read_metrics, state_bytes_by_rank
+from tests.helpers.run import REPO, assert_weights_close, read_metrics, state_bytes_by_rank
 
 pytestmark = pytest.mark.distributed
 
@@ -46,6 +47,11 @@ def runs(tmp_path_factory):
             root / "offload", "fsdp", 2, "scale.fsdp.cpu_offload=true", "scale.fsdp.reshard_after_forward=false")),
         "fsdp_bf16": scaletrain.run(JOB, tiny_gpt(
             root / "bf16", "fsdp", 2, "scale.fsdp.param_dtype=bf16", "scale.fsdp.reduce_dtype=fp32")),
+        # 2 micro-batches of 16 per optimizer step: gradients accumulate on the sharded parameters
+        "fsdp_accum": scaletrain.run(JOB, tiny_gpt(
+            root / "accum", "fsdp", 2, "data.batch_size=16", "train.grad_accum=2")),
+        # a real 2-D mesh: 2 shard groups of 2 ranks, each replicating the other
+        "hsdp_2x2": scaletrain.run(JOB, tiny_gpt(root / "2x2", "hsdp", 4, "scale.fsdp.shard_size=2")),
     }
 
 
@@ -53,14 +59,16 @@ def losses(summary):
     return [row["loss"] for row in read_metrics(summary["run_dir"])]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "hsdp", "fsdp_offload"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "hsdp", "fsdp_offload", "fsdp_accum", "hsdp_2x2"])
 def test_every_strategy_gives_the_single_process_losses(runs, strategy):
     reference, other = losses(runs["single"]), losses(runs[strategy])
     assert len(reference) == len(other) == STEPS
     for step, (a, b) in enumerate(zip(reference, other), start=1):
         assert b == pytest.approx(a, rel=REL_TOL), f"step {step}: single {a}, {strategy} {b}"
     assert runs[strategy]["eval"]["loss"] == pytest.approx(runs["single"]["eval"]["loss"], rel=REL_TOL)
-    assert runs[strategy]["strategy"] == strategy.split("_")[0] and runs[strategy]["world_size"] == 2
+    assert_weights_close(runs["single"], runs[strategy])
+    workers = 4 if strategy == "hsdp_2x2" else 2
+    assert runs[strategy]["strategy"] == strategy.split("_")[0] and runs[strategy]["world_size"] == workers
 
 
 def test_bf16_compute_stays_close_to_fp32_and_is_really_bf16(runs):
@@ -87,15 +95,42 @@ def test_a_fsdp_checkpoint_loads_under_ddp_and_single_and_back(runs, tmp_path):
     assert back["weights_sha256"] == runs["ddp"]["weights_sha256"]
 
 
-def test_a_killed_fsdp_worker_resumes_to_the_same_weights(runs, tmp_path, monkeypatch):
-    monkeypatch.setenv(FAULT_ENV, "sigkill:rank=1:step=15")
-    summary = scaletrain.run(JOB, tiny_gpt(tmp_path, "fsdp", 2, "recovery.max_restarts=1"))
-    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 10
+@pytest.mark.parametrize("saved, resumed", [("fsdp", "ddp"), ("ddp", "fsdp"), ("hsdp_2x2", "single")])
+def test_a_checkpoint_of_one_strategy_trains_on_under_another(runs, tmp_path, saved, resumed):
+    """Step 10's checkpoint of one layout, trained to 20 under another: the uninterrupted run's
+    losses and weights (within float32 rounding: the gradients are summed in another order)."""
+    layouts = {"fsdp": ("fsdp", 2, []), "ddp": ("ddp", 2, []), "hsdp_2x2": ("hsdp", 4, ["scale.fsdp.shard_size=2"]),
+               "single": ("single", 1, [])}
+    strategy, workers, extra = layouts[saved]
+    first = scaletrain.run(JOB, tiny_gpt(tmp_path, strategy, workers, *extra))  # the fixture's run, again
+    assert first["weights_sha256"] == runs[saved]["weights_sha256"]
+    strategy, workers, _ = layouts[resumed]
+    summary = scaletrain.resume(f"{first['run_dir']}/checkpoints/step-00000010", [
+        f"scale.strategy={strategy}", f"scale.workers={workers}", f"data.batch_size={64 // workers}"])
+    stop = 10
+    assert (summary["strategy"], summary["world_size"], summary["resumed_from_step"], summary["steps"]) == (
+        strategy, workers, stop, STEPS)
+    expected = losses(runs[saved])[stop:]
+    trained = [row["loss"] for row in read_metrics(summary["run_dir"]) if row["step"] > stop]
+    assert len(trained) == len(expected) == STEPS - stop > 0
+    for step, (a, b) in enumerate(zip(expected, trained), start=stop + 1):
+        assert b == pytest.approx(a, rel=REL_TOL), f"step {step}: {saved} {a}, {saved} then {resumed} {b}"
+    assert_weights_close(runs[saved], summary)
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_killed_fsdp_worker_resumes_to_the_same_weights(runs, tmp_path, monkeypatch, async_save):
+    """Saves every 4 steps, a kill at step 18: resumed from step 16's checkpoint, or with async
+    saves (their staging buffers reused since step 4) from 12's or 16's, whichever had committed."""
+    monkeypatch.setenv(FAULT_ENV, "sigkill:rank=1:step=18")
+    summary = scaletrain.run(JOB, tiny_gpt(tmp_path, "fsdp", 2, "recovery.max_restarts=1", "checkpoint.every_steps=4",
+                                           f"checkpoint.async_save={str(async_save).lower()}"))
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] in ((12, 16) if async_save else (16,))
     assert summary["weights_sha256"] == runs["fsdp"]["weights_sha256"]
     assert [row["step"] for row in read_metrics(summary["run_dir"])] == list(range(1, STEPS + 1))
 
 
-@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp", "hsdp", "fsdp_offload", "fsdp_bf16"])
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp", "hsdp", "fsdp_offload", "fsdp_bf16", "hsdp_2x2"])
 def test_the_planner_predicts_each_ranks_state_bytes_exactly(runs, strategy):
     """Offloaded or computing in bf16, a rank keeps the same fp32 shards (on the host when
     offloaded): the same bytes."""
@@ -109,7 +144,7 @@ def test_the_planner_predicts_each_ranks_state_bytes_exactly(runs, strategy):
 
     profile = profile_task(TinyGPTTask(layers=2, dim=64, heads=4, context=32, vocab=32), "tiny_gpt")
     measured = state_bytes_by_rank(runs[strategy]["run_dir"])
-    shard = {"single": 1, "ddp": 1, "hsdp": 1}.get(strategy, 2)  # hsdp here: 2 replicas of 1
+    shard = {"single": 1, "ddp": 1, "hsdp": 1}.get(strategy, 2)  # hsdp: 2 replicas of 1; hsdp_2x2: of 2
     assert sorted(measured) == list(range(runs[strategy]["world_size"]))
     for rank, sizes in measured.items():
         predicted = state_bytes_per_rank(profile, shard, rank % shard, "adamw", 0.0)  # rank in its shard group

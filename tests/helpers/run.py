@@ -50,3 +50,19 @@ def state_bytes_by_rank(run_dir: str | Path) -> dict[int, dict[str, int]]:
             if entry["message"] == "model state bytes":
                 found[entry["rank"]] = entry["state_bytes"]
     return found
+
+
+def assert_weights_close(a: dict, b: dict, rtol: float = 1e-5, atol: float = 1e-4) -> None:
+    """The final weights of two runs' summaries agree within float32 rounding, tensor by tensor;
+    a failure names the tensor and its largest difference. ``atol``: Adam divides each update
+    by the gradient's running RMS, so a parameter whose true gradient is about 0 (attention's
+    key bias) moves by the rounding noise itself: measured 1.2e-5 on tiny_gpt (lr 3e-3) after
+    20 steps; bf16 compute is 1.3e-2 off."""
+    import torch
+    from safetensors.torch import load_file
+
+    left, right = load_file(a["weights"]), load_file(b["weights"])
+    assert sorted(left) == sorted(right), (sorted(left), sorted(right))
+    for name in sorted(left):
+        delta = (left[name] - right[name]).abs().max().item()
+        assert torch.allclose(left[name], right[name], rtol=rtol, atol=atol), f"{name}: max abs difference {delta:.3g}"

@@ -304,8 +304,9 @@ class CheckpointManager:
             versions=self.identity.get("versions", {}),
         )
         self.storage.commit(name, staging, manifest.sign())
-        log.info("checkpoint saved", extra={"checkpoint": self.storage.describe(name),
-                                            "bytes": manifest.total_bytes})
+        # step: the one the checkpoint holds (an async save commits a few steps later)
+        log.info("checkpoint saved", extra={"checkpoint": self.storage.describe(name), "step": step,
+                                            "bytes": manifest.total_bytes, "async": self.async_save})
 
     def _apply_retention(self) -> None:
         """Off the training thread: deleting old checkpoints can take a while on object storage."""
