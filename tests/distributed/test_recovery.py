@@ -94,6 +94,17 @@ def test_async_checkpoints_resume_to_the_same_weights(tmp_path, monkeypatch, ref
     assert older["weights_sha256"] == reference["weights_sha256"], "resumed from the async step-10 checkpoint"
 
 
+def test_a_worker_that_raises_once_is_restarted_to_the_same_weights(tmp_path, monkeypatch, reference):
+    """An exception (not a signal): the rank writes its error, exits non-zero, and the job
+    restarts from the newest checkpoint; the launcher's log names the error."""
+    summary = run_with_fault(monkeypatch, "raise:rank=1:step=25", recovery_job(tmp_path))
+    assert (summary["status"], summary["restarts"], summary["resumed_from_step"]) == ("finished", 1, 20)
+    assert summary["weights_sha256"] == reference["weights_sha256"]
+    launcher_log = Path(summary["run_dir"], "logs", "launcher.jsonl").read_text()
+    assert ("restarting the workers after worker rank 1 failed: RuntimeError: injected fault at step 25 on rank 1"
+            in launcher_log), launcher_log[-3000:]
+
+
 def test_two_faults_in_one_run(tmp_path, monkeypatch, reference):
     job = recovery_job(tmp_path, recovery={"max_restarts": 2})
     summary = run_with_fault(

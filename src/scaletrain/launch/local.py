@@ -30,6 +30,7 @@ from scaletrain.tracking.redact import Redactor
 __all__ = ["LocalLauncher", "launch_config"]
 
 log = logging.getLogger(__name__)
+_restart_log = logging.getLogger("scaletrain_launcher.restart")  # launcher.jsonl
 
 # torch's own loggers for the agent and multiprocessing: their lines go to the launcher log.
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
@@ -116,9 +117,17 @@ def _attempt_logs(spec: RunSpec) -> Any:
 
     class AttemptLogs(DefaultLogsSpecs):
         earlier: dict[str, Any] = {}
+        started = False
 
         def reify(self, envs: dict[int, dict[str, str]]) -> Any:
-            self.earlier = failure_files(spec)
+            now = failure_files(spec)
+            if self.started:  # a restart: say why, where the user looks (launcher.jsonl)
+                failed = sorted(int(path.rsplit("worker-", 1)[1].split(".")[0]) for path, state in now.items()
+                                if path.endswith(".error.json") and self.earlier.get(path) != state)
+                if failed:
+                    _restart_log.warning("restarting the workers after %s",
+                                         worker_error(spec, failed, {}, self.earlier))
+            self.started, self.earlier = True, now
             return super().reify(envs)
 
     return AttemptLogs(log_dir=str(spec.logs_dir / "elastic"))
