@@ -81,6 +81,20 @@ def test_a_cluster_that_wants_a_token_we_lack_is_one_line_naming_the_fix(head, t
     ]
 
 
+def test_a_wrong_token_is_refused_with_one_line_and_nothing_runs(head, tmp_path):
+    started = time.monotonic()
+    out = scaletrain_run(small_job(tmp_path), tmp_path, "--address", f"127.0.0.1:{head.port}",
+                         env=user_env(tmp_path / "empty-home", RAY_AUTH_TOKEN="0" * 64), timeout=60)
+    assert time.monotonic() - started < 30
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines() == [
+        f"error: cannot join the Ray cluster at '127.0.0.1:{head.port}': the cluster refused the token "
+        "from RAY_AUTH_TOKEN; set RAY_AUTH_TOKEN to the cluster's token (`ray get-auth-token` on the "
+        "head prints it)"
+    ]
+    assert not list(tmp_path.rglob("metrics.jsonl")), "no step may run on a cluster that refused us"
+
+
 def test_an_address_where_nothing_listens_fails_within_the_timeout(tmp_path):
     port = free_port()
     started = time.monotonic()

@@ -89,6 +89,13 @@ def test_a_failing_trial_is_retried_from_its_checkpoint_and_the_others_go_on(tmp
     assert [row["status"] for row in summary["trials"]] == ["finished", "finished"]
     lrs = [row["config"]["optim.lr"] for row in summary["trials"]]
     assert all(0.01 <= lr <= 0.05 for lr in lrs) and lrs[0] != lrs[1], lrs
+    # Optuna's, not Ray's random search: TPE seeded with the job's seed proposes exactly these.
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=job["seed"]))
+    space = {"optim.lr": optuna.distributions.FloatDistribution(0.01, 0.05, log=True)}
+    assert sorted(lrs) == sorted(study.ask(fixed_distributions=space).params["optim.lr"] for _ in lrs)
     runs = [json.loads(Path(row["run_dir"], "summary.json").read_text()) for row in summary["trials"]]
     retried = [run for run in runs if run["attempt"] == 2]
     assert len(retried) == 1 and retried[0]["resumed_from_step"] == 10 and retried[0]["steps"] == 30
