@@ -13,6 +13,7 @@ __all__ = [
     "WorkerFailedError",
     "RunInterrupted",
     "RunPreempted",
+    "StopTimedOut",
     "MissingExtraError",
 ]
 
@@ -96,3 +97,18 @@ class RunPreempted(ScaletrainError):
             f"preempted by {signal_name} at step {step}; {saved}; continue with: "
             f"scaletrain resume {run_dir}"
         )
+
+
+class StopTimedOut(RunPreempted):
+    """After a stop signal, workers still running when recovery.grace_period_s ran out were
+    killed: their stop checkpoint, if they were writing one, is incomplete and never used."""
+
+    def __init__(self, signal_name: str, grace_period_s: float, run_dir: str):
+        ScaletrainError.__init__(
+            self,
+            f"preempted by {signal_name}; the workers were still running {grace_period_s:g} s later "
+            "(recovery.grace_period_s), saving their stop checkpoint or stuck, and were killed: that "
+            f"checkpoint is incomplete and will not be used; continue with: scaletrain resume {run_dir} "
+            "(from the newest complete checkpoint), and give a stop more time with recovery.grace_period_s",
+        )
+        self.signal_name, self.step, self.checkpoint_step, self.run_dir = signal_name, None, None, run_dir

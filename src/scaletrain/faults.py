@@ -7,7 +7,8 @@ Set ``SCALETRAIN_FAULT`` to one or more faults separated by ``;``::
 
 Kinds: ``raise`` (RuntimeError), ``sigkill``, ``sigterm``, ``sigusr1`` (to the rank itself),
 ``hang`` (sleeps forever), ``checkpoint_crash`` (SIGKILL after the checkpoint files of step >= S are
-written and before the manifest). A fault fires after optimizer step S, in the attempt numbered
+written and before the manifest), ``checkpoint_stall`` (sleeps forever there instead: a save that
+outlasts the grace period). A fault fires after optimizer step S, in the attempt numbered
 ``attempt`` (torch elastic's restart count; default 0), once.
 """
 
@@ -26,7 +27,8 @@ FAULT_ENV = "SCALETRAIN_FAULT"
 # Testing: a worker may not write under this folder (the driver's run directory, which a worker
 # on another machine cannot reach): any attempt raises PermissionError.
 DENY_WRITES_ENV = "SCALETRAIN_DENY_WRITES"
-KINDS = ("raise", "sigkill", "sigterm", "sigusr1", "hang", "checkpoint_crash")
+KINDS = ("raise", "sigkill", "sigterm", "sigusr1", "hang", "checkpoint_crash", "checkpoint_stall")
+_DURING_CHECKPOINT = ("checkpoint_crash", "checkpoint_stall")
 
 
 @dataclass
@@ -66,14 +68,17 @@ class FaultPlan:
 
     def after_step(self, step: int) -> None:
         for fault in self.faults:
-            if not fault.fired and fault.kind != "checkpoint_crash" and step == fault.step:
+            if not fault.fired and fault.kind not in _DURING_CHECKPOINT and step == fault.step:
                 fault.fired = True
                 _fire(fault)
 
     def during_checkpoint(self, step: int) -> None:
         for fault in self.faults:
-            if not fault.fired and fault.kind == "checkpoint_crash" and step >= fault.step:
+            if not fault.fired and fault.kind in _DURING_CHECKPOINT and step >= fault.step:
                 fault.fired = True
+                if fault.kind == "checkpoint_stall":
+                    while True:
+                        time.sleep(3600)
                 os.kill(os.getpid(), signal.SIGKILL)
 
 

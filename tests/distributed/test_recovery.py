@@ -259,6 +259,60 @@ def test_sigterm_to_the_launcher_checkpoints_then_cli_resume(tmp_path, reference
     assert (resumed["step"], trained) == (stopped_at, [list(range(1, stopped_at + 1)), list(range(stopped_at + 1, 41))])
 
 
+def test_a_stop_checkpoint_that_outlasts_the_grace_period_is_not_used(tmp_path, reference):
+    """SIGTERM; rank 0's stop checkpoint never finishes (its files written, no manifest), so the
+    launcher kills the workers when recovery.grace_period_s is over. The resume sweeps the
+    half-written save and starts from the checkpoint before it, to the uninterrupted weights."""
+    import yaml
+
+    job = recovery_job(tmp_path, task={"args": {"step_sleep": 0.05}},
+                       recovery={"max_restarts": 0, "grace_period_s": 3})
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "scaletrain", "run", str(job_file), "--json"], cwd=REPO, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, FAULT_ENV: "checkpoint_stall:rank=0:step=11"},
+    )
+    try:
+        metrics = wait_for_steps(tmp_path, 12)
+        stopped_at = time.monotonic()
+        launcher.send_signal(signal.SIGTERM)
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert time.monotonic() - stopped_at < 3 + 30, "the grace period ended the stalled save"
+    run_dir = metrics.parent
+    assert launcher.returncode == 75, err[-3000:]
+    assert json.loads(out) == {"status": "preempted", "error": json.loads(out)["error"], "run_dir": str(run_dir),
+                               "steps": None, "checkpoint_step": None}
+    assert [l for l in err.splitlines() if l.startswith("error: ")] == [
+        "error: preempted by SIGTERM; the workers were still running 3 s later (recovery.grace_period_s), "
+        "saving their stop checkpoint or stuck, and were killed: that checkpoint is incomplete and will not "
+        f"be used; continue with: scaletrain resume {run_dir} (from the newest complete checkpoint), and "
+        "give a stop more time with recovery.grace_period_s"]
+    root = run_dir / "checkpoints"
+    assert [p.name for p in root.iterdir() if p.name.startswith(".staging")], "the stalled save is half-written"
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["step-00000010"]
+
+    done = scaletrain_cli("resume", str(run_dir), "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["resumed_from_step"] == 10
+    assert summary["weights_sha256"] == reference["weights_sha256"]
+    assert not [p for p in root.iterdir() if p.name.startswith(".staging")]  # swept
+
+
+def wait_for_steps(root: Path, steps: int, timeout_s: float = 120) -> Path:
+    """The metrics file of the run under ``root`` once it shows ``steps`` steps."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = list((root / "runs").glob("*/*/metrics.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= steps:
+            return found[0]
+        time.sleep(0.1)
+    raise AssertionError(f"the run did not reach step {steps} in {timeout_s:g} s")
+
+
 def test_object_storage_checkpoints_recover_and_verify(tmp_path, monkeypatch, s3_server, reference):
     job = recovery_job(tmp_path, checkpoint={"dir": "s3://ckpt/runs"})
     summary = run_with_fault(monkeypatch, "sigkill:rank=1:step=25", job)

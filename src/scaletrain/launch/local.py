@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from scaletrain.checkpoint.atomic import write_text_atomic
-from scaletrain.errors import RunInterrupted
+from scaletrain.errors import RunInterrupted, StopTimedOut
 from scaletrain.launch.base import Launcher, checked_result, failure_files, worker_error
 from scaletrain.launch.rendezvous import Rendezvous
 from scaletrain.launch.rendezvous import register as register_rendezvous
@@ -82,6 +82,8 @@ class LocalLauncher(Launcher):
         try:
             elastic_launch(config, sys.executable)("-m", "scaletrain.launch.worker", str(spec_file))
         except ChildFailedError as exc:
+            if forwarder.killed is not None:  # the grace period after a stop ran out
+                raise StopTimedOut(forwarder.killed, self.grace_period_s, spec.run_dir) from None
             exits = {rank: _describe_exit(f.exitcode) for rank, f in exc.failures.items()}
             ranks = range(workers)
             if rendezvous.max_nodes > 1:  # the driver hears from the other nodes' failed ranks
@@ -179,6 +181,7 @@ class _StopForwarder:
         self._previous: dict[int, Any] = {}
         self._signalled: set[int] = set()
         self._timers: list[threading.Timer] = []
+        self.killed: str | None = None  # the stop signal's name, once its grace period killed a worker
 
     def install(self) -> _StopForwarder:
         if threading.current_thread() is threading.main_thread():
@@ -203,10 +206,21 @@ class _StopForwarder:
                 self._signalled.add(process.pid)
             except psutil.NoSuchProcess:
                 continue
-        timer = threading.Timer(self.grace_period_s, _kill, args=(workers,))
+        timer = threading.Timer(self.grace_period_s, self._kill, args=(workers, signal.Signals(signum).name))
         timer.daemon = True
         timer.start()
         self._timers.append(timer)
+
+
+    def _kill(self, processes: list[psutil.Process], signal_name: str) -> None:
+        """The grace period is over: workers still running are killed (torchrun does the same)."""
+        for process in processes:
+            try:
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    process.kill()
+                    self.killed = signal_name
+            except psutil.Error:
+                continue
 
 
 def _worker_processes() -> list[psutil.Process]:
@@ -218,16 +232,6 @@ def _worker_processes() -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
-
-
-def _kill(processes: list[psutil.Process]) -> None:
-    """The grace period is over: workers still running are killed (torchrun does the same)."""
-    for process in processes:
-        try:
-            if process.is_running():
-                process.kill()
-        except psutil.Error:
-            continue
 
 
 def _gather_failures(spec: RunSpec, rendezvous: Rendezvous, ranks: range,
