@@ -108,6 +108,23 @@ def test_a_killed_worker_is_recovered_from_the_newest_checkpoint(tmp_path, monke
     assert [row["step"] for row in read_metrics(summary["run_dir"])] == list(range(1, 31))
 
 
+def test_a_hang_under_ray_is_dumped_ended_and_restarted(tmp_path, monkeypatch, ray_cluster, local_reference):
+    """The hang watchdog runs in Ray's workers as in torch elastic's: rank 1 stops making
+    progress at step 25, its stacks are dumped after hang_timeout_s, the attempt ends and the
+    workers restart from step 20's checkpoint, to the local engine's weights."""
+    job = ray_job(tmp_path, scale={"engine": "ray", "address": ray_cluster.address}, recovery={"hang_timeout_s": 8})
+    monkeypatch.setenv(FAULT_ENV, "hang:rank=1:step=25")
+    started = time.monotonic()
+    summary = scaletrain.run(job)
+    assert (summary["restarts"], summary["resumed_from_step"]) == (1, 20)
+    assert summary["weights_sha256"] == local_reference["weights_sha256"]
+    assert time.monotonic() - started < 8 + 120, "the hang was ended by the watchdog, not by a timeout"
+    stacks = list(Path(summary["run_dir"]).rglob("worker-1.stacks.txt"))
+    assert stacks, sorted(p.name for p in Path(summary["run_dir"]).rglob("*"))
+    text = stacks[0].read_text()
+    assert "Timeout (0:00:08)!" in text and "_fire" in text  # the hung frame is in the dump
+
+
 def test_a_failing_rank_is_named(tmp_path, monkeypatch, ray_cluster):
     job = ray_job(tmp_path, scale={"engine": "ray", "address": ray_cluster.address}, recovery={"max_restarts": 0})
     monkeypatch.setenv(FAULT_ENV, "raise:rank=1:step=5")
