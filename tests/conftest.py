@@ -50,3 +50,23 @@ def s3_server(tmp_path_factory):
     finally:
         patch.undo()
         server.stop()
+
+
+@pytest.fixture
+def processes():
+    """``start(args, **popen_kwargs)``: subprocess.Popen in a process group of its own. Whatever
+    still runs when the test ends, passed or failed, is stopped with its children."""
+    import subprocess
+
+    from tests.helpers.run import stop_group
+
+    started: list[subprocess.Popen] = []
+
+    def start(args, **kwargs) -> subprocess.Popen:
+        proc = subprocess.Popen(args, start_new_session=True, **kwargs)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        stop_group(proc)

@@ -126,7 +126,7 @@ def test_a_killed_worker_is_named_with_its_signal(tmp_path):
     )
 
 
-def test_ctrl_c_stops_the_workers_and_exits_cleanly(tmp_path):
+def test_ctrl_c_stops_the_workers_and_exits_cleanly(tmp_path, processes):
     import signal
     import subprocess
     import sys
@@ -141,7 +141,7 @@ def test_ctrl_c_stops_the_workers_and_exits_cleanly(tmp_path):
     )
     job_file = tmp_path / "long.yaml"
     job_file.write_text(json.dumps(job))
-    proc = subprocess.Popen(
+    proc = processes(
         [sys.executable, "-m", "scaletrain", "run", str(job_file)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

@@ -40,13 +40,13 @@ def listening(pids: set[int]) -> set[tuple[str, int]]:
     }
 
 
-def test_a_one_machine_job_listens_on_loopback_only(tmp_path):
+def test_a_one_machine_job_listens_on_loopback_only(tmp_path, processes):
     job = toy_job(tmp_path, scale={"workers": 2}, task={"args": {"step_sleep": 0.05}},
                   train={"max_steps": 120}, recovery={"max_restarts": 1})
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job))
-    proc = subprocess.Popen([sys.executable, "-m", "scaletrain", "run", str(job_file), "--json"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = processes([sys.executable, "-m", "scaletrain", "run", str(job_file), "--json"],
+                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: set[tuple[str, int]] = set()
     workers_seen = 0
     try:

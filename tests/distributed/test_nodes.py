@@ -16,7 +16,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.helpers.run import REPO
+from tests.helpers.run import REPO, stop_group
 from tests.helpers.servers import free_port
 from tests.helpers.tasks import toy_job
 
@@ -41,7 +41,10 @@ def node_job(tmp_path: Path, nodes: str | int = 2, **sections) -> dict:
 
 
 class Node:
-    """One launcher, as a user starts it on one machine: its own working directory."""
+    """One launcher, as a user starts it on one machine: its own working directory. Every
+    Node still running when its test ends is stopped with its workers (see _stop_nodes)."""
+
+    started: list[subprocess.Popen] = []
 
     def __init__(self, root: Path, job: dict, rank: int, *args: str, env: dict | None = None):
         self.dir = root / f"node{rank}"
@@ -53,8 +56,9 @@ class Node:
             command += ["--node-rank", str(rank)]
         self.proc = subprocess.Popen(
             command, cwd=self.dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, start_new_session=True,
         )
+        Node.started.append(self.proc)
 
     def wait(self, timeout: float = 240) -> dict:
         out, self.err = self.proc.communicate(timeout=timeout)
@@ -79,6 +83,13 @@ class Node:
                 pass
         self.proc.wait(timeout=30)
         return killed_at
+
+
+@pytest.fixture(autouse=True)
+def _stop_nodes():
+    yield
+    while Node.started:
+        stop_group(Node.started.pop())
 
 
 def start_nodes(root: Path, job: dict, env1: dict | None = None) -> tuple[Node, Node]:

@@ -134,7 +134,7 @@ def test_a_failing_rank_is_named(tmp_path, monkeypatch, ray_cluster):
 
 
 def test_sigterm_to_the_launcher_stops_the_ray_workers_at_a_checkpoint_then_resume(
-    tmp_path, ray_cluster, local_reference
+    tmp_path, ray_cluster, local_reference, processes
 ):
     """Preemption on a cluster: the launcher relays the stop to the workers, which agree on a
     step and checkpoint (exit 75); `scaletrain resume` continues on the cluster, same weights."""
@@ -147,7 +147,7 @@ def test_sigterm_to_the_launcher_stops_the_ray_workers_at_a_checkpoint_then_resu
                   scale={"engine": "ray", "address": ray_cluster.address})
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job))
-    launcher = subprocess.Popen(
+    launcher = processes(
         [sys.executable, "-m", "scaletrain", "run", str(job_file), "--json"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -165,7 +165,7 @@ def test_sigterm_to_the_launcher_stops_the_ray_workers_at_a_checkpoint_then_resu
     run_dir = preempted["run_dir"]
     assert f"continue with: scaletrain resume {run_dir}" in err
 
-    done = scaletrain_cli("resume", run_dir, "--json", timeout=300)
+    done = scaletrain_cli("resume", run_dir, "--json", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert summary["engine"] == "ray" and summary["resumed_from_step"] == preempted["steps"]
@@ -181,7 +181,7 @@ def test_a_local_ray_instance_is_started_and_stopped(tmp_path):
     job_file.write_text(json.dumps(job))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # not the cluster's
     out = subprocess.run([sys.executable, "-m", "scaletrain", "run", str(job_file), "--json"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
     assert summary["engine"] == "ray" and summary["steps"] == 5

@@ -79,7 +79,7 @@ def test_rank_0_on_another_node_leaves_the_driver_a_complete_run(tmp_path, clust
     runs, nodes = tmp_path / "runs", tmp_path / "nodes"
     out = subprocess.run(
         [sys.executable, "-m", "scaletrain", "run", str(job_file), "--address", cluster["address"], "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO, capture_output=True, text=True, timeout=240,
         env={**os.environ, "HOME": cluster["home"], "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
              "SCALETRAIN_RAY_NODE_LOCAL": "1", "SCALETRAIN_DENY_WRITES": str(runs),
              "SCALETRAIN_NODE_DIR": str(nodes), "SCALETRAIN_FAULT": "sigkill:rank=0:step=12"},

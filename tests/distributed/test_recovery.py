@@ -212,13 +212,13 @@ def test_resume_on_one_worker_reads_the_same_batches(tmp_path, monkeypatch):
         assert row["loss"] == pytest.approx(expected[row["step"]], rel=1e-4)
 
 
-def test_sigterm_to_the_launcher_checkpoints_then_cli_resume(tmp_path, reference):
+def test_sigterm_to_the_launcher_checkpoints_then_cli_resume(tmp_path, reference, processes):
     job_file = tmp_path / "job.yaml"
     job = recovery_job(tmp_path, task={"args": {"step_sleep": 0.05}}, recovery={"max_restarts": 0})
     import yaml
 
     job_file.write_text(yaml.safe_dump(job))
-    launcher = subprocess.Popen(
+    launcher = processes(
         [sys.executable, "-m", "scaletrain", "run", str(job_file), "--json"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -259,7 +259,7 @@ def test_sigterm_to_the_launcher_checkpoints_then_cli_resume(tmp_path, reference
     assert (resumed["step"], trained) == (stopped_at, [list(range(1, stopped_at + 1)), list(range(stopped_at + 1, 41))])
 
 
-def test_a_stop_checkpoint_that_outlasts_the_grace_period_is_not_used(tmp_path, reference):
+def test_a_stop_checkpoint_that_outlasts_the_grace_period_is_not_used(tmp_path, reference, processes):
     """SIGTERM; rank 0's stop checkpoint never finishes (its files written, no manifest), so the
     launcher kills the workers when recovery.grace_period_s is over. The resume sweeps the
     half-written save and starts from the checkpoint before it, to the uninterrupted weights."""
@@ -269,17 +269,14 @@ def test_a_stop_checkpoint_that_outlasts_the_grace_period_is_not_used(tmp_path, 
                        recovery={"max_restarts": 0, "grace_period_s": 3})
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job))
-    launcher = subprocess.Popen(
+    launcher = processes(
         [sys.executable, "-m", "scaletrain", "run", str(job_file), "--json"], cwd=REPO, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, FAULT_ENV: "checkpoint_stall:rank=0:step=11"},
     )
-    try:
-        metrics = wait_for_steps(tmp_path, 12)
-        stopped_at = time.monotonic()
-        launcher.send_signal(signal.SIGTERM)
-        out, err = launcher.communicate(timeout=120)
-    finally:
-        launcher.kill()
+    metrics = wait_for_steps(tmp_path, 12)
+    stopped_at = time.monotonic()
+    launcher.send_signal(signal.SIGTERM)
+    out, err = launcher.communicate(timeout=120)
     assert time.monotonic() - stopped_at < 3 + 30, "the grace period ended the stalled save"
     run_dir = metrics.parent
     assert launcher.returncode == 75, err[-3000:]

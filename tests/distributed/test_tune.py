@@ -36,7 +36,7 @@ def test_a_search_with_asha_nests_its_trials_and_writes_the_best_job(tmp_path):
     space.write_text("optim.lr: {grid: [0.05, 1.0e-7, 0.02]}\n")
     out = scaletrain_cli(
         "tune", str(job_file), "--space", str(space), "--trials", "1", "--metric", "eval/loss",
-        "--mode", "min", "--scheduler", "asha", "--json", timeout=600,
+        "--mode", "min", "--scheduler", "asha", "--json", timeout=270,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
@@ -82,7 +82,7 @@ def test_a_failing_trial_is_retried_from_its_checkpoint_and_the_others_go_on(tmp
     space.write_text("optim.lr: {loguniform: [0.01, 0.05]}\n")
     out = scaletrain_cli(  # Optuna's TPE proposes the trials
         "tune", str(job_file), "--space", str(space), "--trials", "2", "--search", "optuna",
-        "--max-concurrent", "2", "--scheduler", "none", "--json", timeout=600,
+        "--max-concurrent", "2", "--scheduler", "none", "--json", timeout=240,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
@@ -109,7 +109,7 @@ def test_a_failing_trial_is_retried_from_its_checkpoint_and_the_others_go_on(tmp
     assert len(nested) == 2  # the retried trial continued its own run
 
 
-def test_an_interrupted_search_resumes_where_it_stopped(tmp_path):
+def test_an_interrupted_search_resumes_where_it_stopped(tmp_path, processes):
     job = toy_job(
         tmp_path,
         task={"args": {"step_sleep": 0.05}},
@@ -122,22 +122,23 @@ def test_an_interrupted_search_resumes_where_it_stopped(tmp_path):
     space.write_text("optim.lr: {grid: [0.05, 0.02]}\n")
     args = [sys.executable, "-m", "scaletrain", "tune", str(job_file), "--space", str(space),
             "--trials", "1", "--scheduler", "none", "--json"]
-    search = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    search = processes(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     trials = tmp_path / "runs" / "tune" / "toy"
-    deadline = time.time() + 300
+    deadline = time.time() + 120
     while time.time() < deadline:  # the first trial has finished, the second is training
         done = [p for p in trials.glob("*/trials/*/runs/*/*/summary.json")]
         started = list(trials.glob("*/trials/*/runs/*/*/metrics.jsonl"))
         if done and len(started) >= 2:
             break
         time.sleep(0.2)
+    assert done and len(started) >= 2, f"after 120 s: {len(done)} trials done, {len(started)} started"
     search.send_signal(signal.SIGINT)
-    out, err = search.communicate(timeout=300)
+    out, err = search.communicate(timeout=60)
     assert search.returncode == 130, err[-3000:]
     assert "--resume" in err.strip().splitlines()[-1]
     first = json.loads(done[0].read_text())
 
-    resumed = scaletrain_cli(*args[3:], "--resume", timeout=600)
+    resumed = scaletrain_cli(*args[3:], "--resume", timeout=150)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads(resumed.stdout)
     assert [row["status"] for row in summary["trials"]] == ["finished"] * 2

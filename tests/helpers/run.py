@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,20 @@ def assert_weights_close(a: dict, b: dict, rtol: float = 1e-5, atol: float = 1e-
     for name in sorted(left):
         delta = (left[name] - right[name]).abs().max().item()
         assert torch.allclose(left[name], right[name], rtol=rtol, atol=atol), f"{name}: max abs difference {delta:.3g}"
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """End ``proc`` and every process of its group (a launcher's workers, a server's children):
+    SIGTERM, then SIGKILL after ``grace_s``; its pipes closed."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()

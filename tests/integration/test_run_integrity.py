@@ -58,12 +58,12 @@ def wait_for(condition, timeout=60.0):
 # --------------------------------------------------------------------------- the run lock
 
 
-def test_a_running_run_cannot_be_resumed_and_is_free_once_its_launcher_dies(tmp_path):
+def test_a_running_run_cannot_be_resumed_and_is_free_once_its_launcher_dies(tmp_path, processes):
     job = write_job(tmp_path / "job.yaml", toy_job(
         tmp_path, train={"max_steps": 60, "log_every": 1}, checkpoint={"every_steps": 2},
         task={"args": {"step_sleep": 0.2}}))
-    first = subprocess.Popen([sys.executable, "-m", "scaletrain", "run", str(job)], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = processes([sys.executable, "-m", "scaletrain", "run", str(job)], cwd=REPO,
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         runs = tmp_path / "runs" / "toy"
         wait_for(lambda: runs.is_dir() and any(runs.glob("*/checkpoints/step-*/manifest.json")))
@@ -84,10 +84,10 @@ def test_a_running_run_cannot_be_resumed_and_is_free_once_its_launcher_dies(tmp_
     assert summary["status"] == "finished" and summary["steps"] == 60 and summary["resumed_from_step"] >= 2
 
 
-def test_two_resumes_at_once_one_runs_and_the_other_is_refused(tmp_path, monkeypatch):
+def test_two_resumes_at_once_one_runs_and_the_other_is_refused(tmp_path, monkeypatch, processes):
     run_dir = failed_run(tmp_path, monkeypatch, task={"args": {"step_sleep": 0.3}})
-    both = [subprocess.Popen([sys.executable, "-m", "scaletrain", "resume", str(run_dir)], cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    both = [processes([sys.executable, "-m", "scaletrain", "resume", str(run_dir)], cwd=REPO,
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]
     results = [(p, *p.communicate(timeout=240)) for p in both]
     codes = sorted(p.returncode for p, _, _ in results)

@@ -353,7 +353,7 @@ def test_a_search_keeps_secrets_out_of_its_files_and_its_files_private(tmp_path)
     space.write_text("optim.lr: {grid: [0.02]}\n")
     out = scaletrain_cli("tune", str(job_file), "--space", str(space), "--trials", "1", "--scheduler", "none",
                          "--set", f"task.args.api_token={json.dumps(API_TOKEN)}", "--json",
-                         cwd=tmp_path, env=cli_env(tmp_path), timeout=300)
+                         cwd=tmp_path, env=cli_env(tmp_path), timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
     search = Path(summary["search_dir"])

@@ -148,7 +148,7 @@ def test_server_outage_loses_no_metric_and_duplicates_none(tmp_path, mlflow_serv
         assert time.time() < deadline, "training stopped while the tracking server was down"
         time.sleep(0.1)
     mlflow_server.start()
-    runner.join(timeout=300)
+    runner.join(timeout=240)
     summary = outcome["summary"]
     assert summary["status"] == "finished" and summary["steps"] == 160
     logged_during_outage = len(read_metrics(summary["run_dir"])) - down_at
@@ -194,7 +194,7 @@ def test_a_server_down_at_start_gets_the_whole_run_once_it_is_up(tmp_path, mlflo
     else:
         pytest.fail("training did not start while the tracker was down")
     mlflow_server.start()
-    runner.join(timeout=300)
+    runner.join(timeout=240)
     summary = outcome["summary"]
     assert summary["status"] == "finished" and summary["mlflow_run_id"]
     client, run = the_run(mlflow_server.uri, summary)

@@ -62,15 +62,14 @@ def test_a_write_that_fails_leaves_the_previous_spec_whole(tmp_path, monkeypatch
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["spec.json"]  # no temporary left
 
 
-def hold_lock(run_dir, node_rank=0):
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(run_dir), str(node_rank)],
-                              stdout=subprocess.PIPE, text=True)
+def hold_lock(start, run_dir, node_rank=0):
+    holder = start([sys.executable, "-c", _HOLD, str(run_dir), str(node_rank)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
     return holder
 
 
-def test_a_run_directory_is_refused_while_another_process_holds_it_and_free_when_it_dies(tmp_path):
-    holder = hold_lock(tmp_path)
+def test_a_run_directory_is_refused_while_another_process_holds_it_and_free_when_it_dies(tmp_path, processes):
+    holder = hold_lock(processes, tmp_path)
     try:
         with pytest.raises(RunInUse) as info:
             RunLock(tmp_path, "r1").acquire()
@@ -91,8 +90,8 @@ def test_a_run_directory_is_refused_while_another_process_holds_it_and_free_when
     RunLock(tmp_path, "r1").acquire().release()
 
 
-def test_nodes_sharing_one_run_directory_are_told_to_use_their_own(tmp_path):
-    holder = hold_lock(tmp_path, node_rank=0)
+def test_nodes_sharing_one_run_directory_are_told_to_use_their_own(tmp_path, processes):
+    holder = hold_lock(processes, tmp_path, node_rank=0)
     try:
         with pytest.raises(RunInUse) as info:
             RunLock(tmp_path, "r1", node_rank=1).acquire()
