@@ -11,7 +11,7 @@ import pytest
 
 import scaletrain
 from scaletrain.errors import WorkerFailedError
-from tests.helpers.run import read_metrics
+from tests.helpers.run import REPO, read_metrics
 from tests.helpers.tasks import toy_job
 
 mlflow = pytest.importorskip("mlflow")
@@ -70,6 +70,22 @@ def test_one_run_per_job_with_params_metrics_tags_artifacts_and_model(tmp_path, 
     import torch
 
     assert tuple(model(torch.from_numpy(x)).shape) == (5, 4)
+
+
+def test_an_sqlite_stores_artifacts_live_beside_it_not_in_the_working_directory(tmp_path, monkeypatch):
+    """MLflow's default puts them in ./mlruns of whichever folder the first run started in."""
+    store = tmp_path / "store"
+    store.mkdir()
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.syspath_prepend(str(REPO))  # the task's module, from any working directory
+    monkeypatch.chdir(elsewhere)
+    summary = scaletrain.run(tracked_job(tmp_path, uri, train={"max_steps": 2}))
+    client, run = the_run(uri, summary)
+    assert run.info.artifact_uri == (store / "mlruns" / "tests" / run.info.run_id / "artifacts").as_uri()
+    assert (store / "mlruns" / "tests" / run.info.run_id / "artifacts" / "summary.json").is_file()
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_tracking_off_creates_nothing(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import getpass
 import json
 import logging
 import os
+import re
 import socket
 from importlib import metadata
 from pathlib import Path
@@ -20,7 +21,7 @@ from scaletrain.tracking.git_state import git_state
 from scaletrain.tracking.redact import Redactor, flatten, redact_url
 from scaletrain.tracking.sender import configure_mlflow_client
 
-__all__ = ["TrackingRun", "resolve_tracking_uri"]
+__all__ = ["TrackingRun", "experiment_for", "resolve_tracking_uri"]
 
 log = logging.getLogger("scaletrain_launcher.tracking")
 _PARAM_VALUE_LIMIT = 6000  # MLflow's limit on one param value
@@ -34,6 +35,26 @@ def resolve_tracking_uri(config: JobConfig | None = None) -> str:
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def experiment_for(client: Any, uri: str, name: str) -> str:
+    """The id of experiment ``name``, created if new. In an sqlite store its artifacts go beside
+    the database (``<db folder>/mlruns/<name>``): MLflow's default, ``./mlruns`` of whatever
+    folder the first run started in, scatters one store's artifacts over working directories."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = None
+    if uri.startswith("sqlite:///"):
+        folder = Path(uri.removeprefix("sqlite:///").split("?", 1)[0]).expanduser().resolve().parent
+        location = (folder / "mlruns" / re.sub(r"[^\w.-]+", "_", name).strip("._")).as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:  # another run created it meanwhile
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
 
 
 class TrackingRun:
@@ -80,8 +101,7 @@ class TrackingRun:
         uri = resolve_tracking_uri(config)
         client = MlflowClient(tracking_uri=uri)
         name = config.tracking.experiment or config.name
-        experiment = client.get_experiment_by_name(name)
-        experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
+        experiment_id = experiment_for(client, uri, name)
         raw = config.model_dump(mode="json")
         redactor = Redactor.for_config(raw)
         tags = _run_tags(config, local_run_id, trace_id, engine, uri)

@@ -475,14 +475,13 @@ class _ParentRun:
         try:
             from mlflow import MlflowClient
 
-            from scaletrain.tracking.mlflow_run import resolve_tracking_uri
+            from scaletrain.tracking.mlflow_run import experiment_for, resolve_tracking_uri
             from scaletrain.tracking.sender import configure_mlflow_client
 
             configure_mlflow_client()
-            self.client = MlflowClient(tracking_uri=resolve_tracking_uri(job))
-            name = job.tracking.experiment or job.name
-            experiment = self.client.get_experiment_by_name(name)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+            uri = resolve_tracking_uri(job)
+            self.client = MlflowClient(tracking_uri=uri)
+            experiment_id = experiment_for(self.client, uri, job.tracking.experiment or job.name)
             state = directory / "mlflow_parent_run.txt"
             if state.exists():  # --resume: the same parent run
                 self.run_id = state.read_text(encoding="utf-8").strip()
