@@ -33,6 +33,7 @@ class ToyTask(scaletrain.Task):
         secret_note: str | None = None,
         api_token: str | None = None,
         fail_once_marker: str | None = None,
+        wait_for: str | None = None,
     ):
         generator = torch.Generator().manual_seed(42)
         x = torch.randn(samples + eval_samples, dim, generator=generator)
@@ -47,6 +48,7 @@ class ToyTask(scaletrain.Task):
         self.fail_kind = fail_kind
         self.step_sleep = step_sleep
         self.fail_once_marker = fail_once_marker  # fail only while this file does not exist
+        self.wait_for = wait_for  # a glob: the first step waits until a file matches it
         if pid_dir:
             Path(pid_dir, f"{os.getpid()}.pid").write_text(str(os.getpid()))
 
@@ -65,6 +67,8 @@ class ToyTask(scaletrain.Task):
     def loss(self, model, batch):
         if model.training:
             self.calls += 1
+            if self.wait_for and self.calls == 1:
+                _wait_for(self.wait_for)
             if self.step_sleep:
                 time.sleep(self.step_sleep)
             rank = int(os.environ.get("RANK", "0"))
@@ -86,6 +90,16 @@ class ToyTask(scaletrain.Task):
         if self.nan_at_step is not None and self.calls > self.nan_at_step:
             loss = loss * float("nan")
         return loss, {"accuracy": accuracy}
+
+
+def _wait_for(pattern: str, timeout_s: float = 120) -> None:
+    import glob
+
+    deadline = time.monotonic() + timeout_s
+    while not glob.glob(pattern):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nothing matched {pattern} within {timeout_s:g} s")
+        time.sleep(0.1)
 
 
 class HiddenStateTask(ToyTask):

@@ -329,13 +329,12 @@ def test_cli_json_against_a_server_prints_only_the_summary(tmp_path, mlflow_serv
 
 def test_system_metrics_are_sampled_while_training(tmp_path):
     # The sampler starts once the tracking process has opened the run (importing MLflow takes
-    # seconds, creating a new store's tables as many again): the store exists beforehand, as
-    # it does after a user's first run, and training lasts a few seconds past the opening.
+    # seconds): the first step waits for that, then training lasts 6 s (12 samples' time).
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    MlflowClient(uri).search_experiments()
+    opened = str(tmp_path / "runs" / "toy" / "*" / "tracking" / "mlflow_run.json")
     summary = scaletrain.run(tracked_job(
-        tmp_path, uri, task={"args": {"step_sleep": 0.05}}, train={"max_steps": 120, "log_every": 20},
-        tracking={"system_metrics_every_s": 0.5},
+        tmp_path, uri, task={"args": {"step_sleep": 0.05, "wait_for": opened}},
+        train={"max_steps": 120, "log_every": 20}, tracking={"system_metrics_every_s": 0.5},
     ))
     client, run = the_run(uri, summary)
     cpu = client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
