@@ -190,6 +190,25 @@ def test_a_password_in_the_tracking_uri_is_nowhere_but_the_job_file(tmp_path, au
     assert (run.info.status, run.data.tags["scaletrain.attempts"], steps) == ("FINISHED", "2", [1, 2, 3, 4, 5, 6])
 
 
+def test_a_ray_engine_run_leaves_no_secret_in_any_file_or_on_the_console(tmp_path):
+    """The same planted secrets under the Ray engine (a local Ray scaletrain starts): Ray's
+    routed driver log, the connect log, the workers' logs, the run's files and the store."""
+    pytest.importorskip("ray")
+    job = secret_job(tmp_path, run_dir="runs", scale={"engine": "ray", "workers": 2, "cpus_per_worker": 0.5},
+                     train={"max_steps": 4, "log_every": 1},
+                     tracking={"enabled": True, "uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "log_model": False})
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job, allow_unicode=True), encoding="utf-8")
+    env = {**cli_env(tmp_path), "RAY_USAGE_STATS_ENABLED": "0"}
+    out = scaletrain_cli("run", str(job_file), "--json", cwd=tmp_path, env=env, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/*/spec.json")]
+    logs = {p.name for p in (run_dir / "logs").iterdir()}
+    assert {"ray-driver.jsonl", "worker-0.jsonl", "worker-1.jsonl"} <= logs, logs
+    assert console_leaks(out) == []
+    assert leaks(tmp_path, skip={job_file, run_dir / "spec.json"}) == []
+
+
 def test_the_run_card_keeps_no_diff_and_git_runs_no_command_of_the_repository(tmp_path, monkeypatch):
     """A key pasted into a tracked file stays on this machine; the repository's external diff,
     textconv and fsmonitor programs never run."""
