@@ -1,10 +1,12 @@
 # The two commands: `make run` trains the example job, `make test` runs the whole suite.
-# Both create .venv on first use: the CPU build of torch first (a plain `torch` would pull CUDA),
-# then scaletrain with its dev extras.
+# Both create .venv on first use: torch first ($(TORCH), from PyPI, or from $(TORCH_INDEX) when
+# set: on Linux PyPI's wheel is the CUDA build, so TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# gets a CPU-only one), then scaletrain with its dev extras.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
+TORCH_INDEX ?=
 STAMP  := $(VENV)/.installed
 
 .PHONY: run test bench gpu-check gpu-wheels venv clean
@@ -36,7 +38,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 

@@ -86,6 +86,21 @@ def test_a_small_model_on_one_gpu_is_single():
     assert "activations unknown" in plan.notes[0]
 
 
+@pytest.mark.parametrize("columns", [80, 200])
+def test_plan_reads_at_80_columns_and_whole_on_a_wide_terminal(columns):
+    args = ("plan", "--layers", "32", "--hidden", "4096", "--heads", "32", "--seq", "4096", "--gpu", "H100",
+            "--devices-per-node", "8")
+    out = scaletrain_cli(*args, env={"COLUMNS": str(columns)})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(map(len, lines)) <= columns and "…" not in out.stdout, out.stdout
+    (fsdp,) = [line for line in lines if line.lstrip(" │").startswith("* fsdp")]
+    if columns == 80:  # state = params + grads + optimizer + buffers, in GiB, one decimal
+        assert fsdp.split()[3:7] == ["8", "25.3", "17.5", "42.8"], fsdp
+    else:
+        assert "15.35 GiB" in fsdp and "42.82 GiB" in fsdp, fsdp
+
+
 def test_plan_cli_json_and_bad_input():
     out = scaletrain_cli("plan", "--params", "7e9", "--gpu", "H100", "--json")
     assert out.returncode == 0, out.stderr

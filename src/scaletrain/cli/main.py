@@ -330,6 +330,7 @@ def plan(
 
 def _print_plan(result: Any) -> None:
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
 
     def size(value: float) -> str:
@@ -345,24 +346,55 @@ def _print_plan(result: Any) -> None:
         f"hardware ({hw['source']}): {hw['nodes']} x {hw['devices_per_node']} {hw['device']} devices, "
         f"{hw['name']}, {size(hw['memory_bytes'])} each, {hw['flops'] / 1e12:.2f} TFLOP/s sustained"
     )
-    table = Table(title="memory per device, communication and time per step")
+    title = "memory per device, communication and time per step"
+    table = Table(title=title)
     for column in ("strategy", "ranks", "params", "grads", "optim", "activ.", "buffers", "total", "fits",
                    "comm/step", "calls", "step", "samples/s"):
-        table.add_column(column, justify="left" if column == "strategy" else "right")
+        table.add_column(column, justify="left" if column == "strategy" else "right", no_wrap=True)
     for e in result.estimates:
         m = e.memory
         chosen = result.recommended is e
         table.add_row(
-            ("* " if chosen else "") + e.option.label, str(e.option.world), size(m["params"]), size(m["grads"]),
-            size(m["optimizer"]), size(m["activations"]), size(m["buffers"]), size(m["total"]),
-            "yes" if e.fits else "[red]no[/]", size(sum(e.comm_bytes.values())), str(e.collectives),
-            f"{e.step_s * 1e3:.1f} ms" if e.step_s else "-",
+            ("* " if chosen else "") + e.option.label, str(e.option.world), size(m["params"]),
+            size(m["grads"]), size(m["optimizer"]), size(m["activations"]), size(m["buffers"]),
+            size(m["total"]), "yes" if e.fits else "[red]no[/]", size(sum(e.comm_bytes.values())),
+            str(e.collectives), f"{e.step_s * 1e3:.1f} ms" if e.step_s else "-",
             f"{e.samples_per_s:,.0f}" if e.samples_per_s else "-",
         )
-    console.print(table)
+    wide = Measurement.get(console, console.options.update(max_width=10_000), table).maximum
+    if wide <= console.width:
+        console.print(table)
+    else:  # e.g. 80 columns: the units in the header, the model states as one column
+        console.print(_narrow_plan_table(result, title))
+        console.print(f"state: parameters, gradients, optimizer and buffers (each apart with --json, or "
+                      f"on a terminal of {wide} columns)")
     console.print(f"[bold]recommendation[/]: {result.reason}")
     for note in result.notes:
         console.print(f"note: {note}")
+
+
+def _narrow_plan_table(result: Any, title: str) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    def gib(value: float) -> str:
+        return f"{value / 1024**3:.1f}" if value >= 1024**3 / 20 else f"{value / 1024**3:.2f}"
+
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("strategy", max_width=18)
+    for column in ("ranks", "state\nGiB", "activ.\nGiB", "total\nGiB", "fits", "comm\nGiB", "step\nms",
+                   "samples\n/s"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for e in result.estimates:
+        m = e.memory
+        state = m["params"] + m["grads"] + m["optimizer"] + m["buffers"]
+        table.add_row(
+            ("* " if result.recommended is e else "") + e.option.label, str(e.option.world), gib(state),
+            gib(m["activations"]), gib(m["total"]), "yes" if e.fits else "[red]no[/]",
+            gib(sum(e.comm_bytes.values())), f"{e.step_s * 1e3:,.0f}" if e.step_s else "-",
+            f"{e.samples_per_s:,.0f}" if e.samples_per_s else "-",
+        )
+    return table
 
 
 checkpoints_app = typer.Typer(help="List and verify checkpoints.", no_args_is_help=True)
