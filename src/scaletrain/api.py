@@ -14,6 +14,7 @@ from scaletrain.config.schema import JobConfig
 from scaletrain.errors import RunInterrupted, RunPreempted, ScaletrainError
 from scaletrain.tracking.logs import LAUNCHER_LOGGER_NAME, LogContext, setup_logging
 from scaletrain.tracking.redact import Redactor
+from scaletrain.rundir import JOB_FILE, LOGS_DIR, RUN_CARD_FILE, SUMMARY_FILE, WEIGHTS_FILE
 
 __all__ = ["run", "resume", "resolve_job", "preflight"]
 
@@ -171,10 +172,10 @@ def _launch(
         rendezvous = _open_rendezvous(config, spec)
     launcher = launcher_for(config, rendezvous)
     spec.logs_dir.mkdir(parents=True, exist_ok=True)
-    _write_redacted_job(config, Path(spec.run_dir) / "job.yaml")
+    _write_redacted_job(config, Path(spec.run_dir) / JOB_FILE)
     undo_logging = setup_logging(
         LogContext(spec.run_id, spec.trace_id, rank=None),
-        spec.logs_dir / "launcher.jsonl",
+        spec.launcher_log,
         redactor=Redactor.for_config(spec.job),
         logger_name=LAUNCHER_LOGGER_NAME,
     )
@@ -244,7 +245,6 @@ def preflight(
 def _run_attempt(
     config: JobConfig, spec: Any, launcher: Any, started_at: float, tracking_tags: dict | None
 ) -> dict[str, Any]:
-    from scaletrain.launch.worker import WEIGHTS_FILE
 
     run_dir = Path(spec.run_dir)
     spec.write()  # what the workers, the metric shipper and `scaletrain resume` start from
@@ -307,7 +307,7 @@ def _run_attempt(
 
 
 def _write_redacted_job(config: JobConfig, path: Path) -> None:
-    from scaletrain.checkpoint.atomic import write_text_atomic
+    from scaletrain.rundir.atomic import write_text_atomic
     from scaletrain.tracking.redact import Redactor
 
     raw = config.model_dump(mode="json")
@@ -320,21 +320,19 @@ def _close(
 ) -> None:
     """summary.json, then the last metrics, the run's artifacts and final status in MLflow.
     The summary is redacted in place: its error text can quote a secret, and it is uploaded."""
-    from scaletrain.checkpoint.atomic import write_text_atomic
-    from scaletrain.launch.worker import WEIGHTS_FILE
+    from scaletrain.rundir.atomic import write_text_atomic
     from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR
-    from scaletrain.tracking.run_card import RUN_CARD_FILE
 
     if tracking is not None:
         summary["mlflow_run_id"] = tracking.finish_opening()
     summary.update(redactor.value("", summary))
-    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+    write_text_atomic(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2))
     if tracking is None:
         return
     tracking.close(summary, status, [
-        (run_dir / "summary.json", None),
+        (run_dir / SUMMARY_FILE, None),
         (run_dir / RUN_CARD_FILE, None),
-        (run_dir / "logs", "logs"),
+        (run_dir / LOGS_DIR, "logs"),
         (run_dir / WEIGHTS_FILE, "weights"),
         (run_dir / MLFLOW_MODEL_DIR, "model"),
     ])

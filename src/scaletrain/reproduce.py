@@ -20,6 +20,7 @@ import stat
 import tempfile
 from pathlib import Path
 from typing import Any
+from scaletrain.rundir import JOB_FILE, RUN_CARD_FILE, SPEC_FILE, SUMMARY_FILE
 
 __all__ = ["reproduce"]
 
@@ -34,8 +35,8 @@ def reproduce(run_ref: str, uri: str, announce: Any = print,
 
     original = find_run(uri, run_ref)
     run_id = original.info.run_id
-    recorded_card = download_json(uri, run_id, "run_card.json")
-    recorded_summary = download_json(uri, run_id, "summary.json") or {}
+    recorded_card = download_json(uri, run_id, RUN_CARD_FILE)
+    recorded_summary = download_json(uri, run_id, SUMMARY_FILE) or {}
     job, python_path, source = _recorded_job(uri, original, recorded_summary, overrides)
     announce(f"job: {source}")
     # The new run goes to the store given, whatever store the recorded job names.
@@ -57,7 +58,7 @@ def reproduce(run_ref: str, uri: str, announce: Any = print,
     if not before:
         announce("environment: same code, packages and hardware as the recorded run")
     summary = run(config, search_path=search_path, tracking_tags={"scaletrain.reproduces": run_id})
-    new_card = download_json(uri, summary["mlflow_run_id"], "run_card.json") if summary.get("mlflow_run_id") else None
+    new_card = download_json(uri, summary["mlflow_run_id"], RUN_CARD_FILE) if summary.get("mlflow_run_id") else None
     data_changed = bool(
         recorded_card and new_card and recorded_card.get("data_fingerprint") != new_card.get("data_fingerprint")
     )
@@ -119,7 +120,7 @@ def _local_spec(original: Any, summary: dict[str, Any]) -> Any:
     if run_id and params.get("run_dir") and params.get("name"):
         candidates.append(str(Path(params["run_dir"]) / params["name"] / run_id))
     for folder in filter(None, candidates):
-        path = Path(str(folder)) / "spec.json"
+        path = Path(str(folder)) / SPEC_FILE
         try:
             info = os.lstat(path)
             if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
@@ -138,7 +139,7 @@ def _server_job(uri: str, run_id: str) -> dict[str, Any]:
     from scaletrain.tracking.runs import RunNotFound, download_artifact
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = download_artifact(uri, run_id, "job.yaml", tmp)
+        path = download_artifact(uri, run_id, JOB_FILE, tmp)
         if path is None:
             raise RunNotFound(f"run {run_id} has no recorded job.yaml; it cannot be reproduced")
         data = yaml.safe_load(path.read_text(encoding="utf-8"))

@@ -55,7 +55,7 @@ def test_a_write_that_fails_leaves_the_previous_spec_whole(tmp_path, monkeypatch
     def crash(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("scaletrain.rundir.json.dumps", crash)
+    monkeypatch.setattr("scaletrain.rundir.atomic.os.fsync", crash)  # the temporary is written, not yet in place
     with pytest.raises(OSError):
         spec.write()
     assert (tmp_path / "run" / "spec.json").read_text() == before

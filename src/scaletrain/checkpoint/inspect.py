@@ -10,6 +10,7 @@ from scaletrain.checkpoint.dcp_metadata import read_metadata
 from scaletrain.checkpoint.manifest import KEY_ENV, METADATA_FILE, CheckpointRefused, ManifestError, file_path
 from scaletrain.checkpoint.storage import CheckpointStorage, is_remote, open_storage, step_of
 from scaletrain.errors import ConfigError
+from scaletrain.rundir import SPEC_FILE
 
 __all__ = ["describe_checkpoints"]
 
@@ -19,12 +20,12 @@ def _resolve(path: str) -> tuple[CheckpointStorage, list[str] | None]:
     or one checkpoint), and the names to show (None: all)."""
     if not is_remote(path):
         local = Path(path).expanduser()
-        if (local / "spec.json").is_file():  # a run directory
+        if (local / SPEC_FILE).is_file():  # a run directory
             from scaletrain.checkpoint.location import checkpoint_location
             from scaletrain.config.schema import JobConfig
             from scaletrain.rundir import RunSpec
 
-            spec = RunSpec.read(local / "spec.json")
+            spec = RunSpec.read(local / SPEC_FILE)
             job = JobConfig.model_validate(spec.job)
             return open_storage(spec.checkpoints or checkpoint_location(job, spec.run_id, spec.run_dir)), None
         if not local.exists():

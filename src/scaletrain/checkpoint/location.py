@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.config.schema import JobConfig
+from scaletrain.rundir import CHECKPOINTS_DIR
 
 __all__ = ["checkpoint_location", "config_hash", "global_batch", "accumulation_for"]
 
@@ -15,7 +16,7 @@ __all__ = ["checkpoint_location", "config_hash", "global_batch", "accumulation_f
 def checkpoint_location(job: JobConfig, run_id: str, run_dir: str | Path) -> str:
     """``checkpoint.dir/<job>/<run id>``, or ``<run dir>/checkpoints`` when no dir is set."""
     if job.checkpoint.dir is None:
-        return str(Path(run_dir) / "checkpoints")
+        return str(Path(run_dir) / CHECKPOINTS_DIR)
     base = job.checkpoint.dir.rstrip("/")
     if "://" not in base:
         base = str(Path(base).expanduser().resolve())

@@ -49,6 +49,7 @@ from scaletrain.checkpoint.storage import (
 )
 from scaletrain.distributed import collectives
 from scaletrain.errors import ScaletrainError
+from scaletrain.rundir import CHECKPOINT_CACHE_DIR
 
 __all__ = ["CheckpointManager", "Restored", "TRAINER_STATE_FILE", "CheckpointError"]
 
@@ -396,7 +397,7 @@ class CheckpointManager:
         path), or this machine's verified copy of it (object storage)."""
         if not is_remote(self.storage.location):
             return choice.local_dir
-        cache = self.scratch_dir / "checkpoint-cache"
+        cache = self.scratch_dir / CHECKPOINT_CACHE_DIR
         error = ""
         if self.local_rank == 0 and self.rank != 0:
             try:
@@ -423,7 +424,7 @@ class CheckpointManager:
                     return _Choice(name, error=f"checkpoint {where} has no valid manifest")
                 continue
             try:
-                local = self.storage.local_copy(name, manifest, self.scratch_dir / "checkpoint-cache")
+                local = self.storage.local_copy(name, manifest, self.scratch_dir / CHECKPOINT_CACHE_DIR)
                 manifest.check_dir(local)
                 _check_index(local, manifest)
             except CheckpointRefused as exc:

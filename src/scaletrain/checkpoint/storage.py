@@ -24,7 +24,7 @@ import shutil
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from scaletrain.checkpoint.atomic import fsync_dir, write_text_atomic
+from scaletrain.rundir.atomic import fsync_dir, write_text_atomic
 from scaletrain.checkpoint.manifest import MANIFEST_FILE, Manifest, ManifestError, file_path
 from scaletrain.errors import ConfigError
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from scaletrain.checkpoint.atomic import atomic_path
+from scaletrain.rundir.atomic import atomic_path
 
 __all__ = ["state_dict_sha256", "save_weights"]
 

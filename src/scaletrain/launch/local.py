@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from scaletrain.checkpoint.atomic import write_text_atomic
+from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.errors import RunInterrupted, StopTimedOut
 from scaletrain.launch.base import Launcher, checked_result, failure_files, worker_error
 from scaletrain.launch.rendezvous import Rendezvous
@@ -71,7 +71,7 @@ class LocalLauncher(Launcher):
         )
         spec_file = spec.write()
         spec.worker_result().unlink(missing_ok=True)
-        restore = route_loggers_to_file(_TORCH_LOGGERS, spec.logs_dir / "launcher.jsonl", logging.INFO,
+        restore = route_loggers_to_file(_TORCH_LOGGERS, spec.launcher_log, logging.INFO,
                                         redactor=Redactor.for_config(spec.job))
         # A fresh workers' store per attempt (rank 0 hosts it): with the agent's shared one, a
         # restarted gloo rank can connect to the previous attempt's dead peer (torch 2.13; seen

@@ -19,6 +19,10 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from scaletrain.rundir import (
+    LOGS_DIR, METRICS_FILE, RUN_CARD_FILE, TRACKING_DIR, WEIGHTS_FILE, worker_error_name,
+    worker_log_name, worker_stacks_name,
+)
 
 __all__ = ["RunDirRelay", "write_relayed", "read_asked", "local_dir_for", "NODE_DIR_ENV", "FORCE_LOCAL_ENV"]
 
@@ -46,8 +50,8 @@ class RunDirRelay:
         self.mailbox, self.local_dir, self.rank = mailbox, Path(local_dir), rank
         # Rank 0 writes the run's metrics; another rank only its log (a metrics file on its
         # machine is an earlier attempt's, from when rank 0 ran there: never sent).
-        own = [f"logs/worker-{rank}.jsonl"]
-        self.tailed = ["metrics.jsonl", "tracking/metrics.journal.jsonl", *own] if rank == 0 else own
+        own = [f"{LOGS_DIR}/{worker_log_name(rank)}"]
+        self.tailed = [METRICS_FILE, f"{TRACKING_DIR}/metrics.journal.jsonl", *own] if rank == 0 else own
         self._sent: dict[str, int] = {}
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -131,7 +135,7 @@ class RunDirRelay:
     def finish(self) -> None:
         """At the end: the growing files to their end (another rank: its log), then rank 0's
         final files, whole."""
-        files = ("model.safetensors", "run_card.json", "mlflow_model") if self.rank == 0 else ()
+        files = (WEIGHTS_FILE, RUN_CARD_FILE, "mlflow_model") if self.rank == 0 else ()
         self._done.set()
         if self._thread is not None:
             self._thread.join()
@@ -148,12 +152,12 @@ class RunDirRelay:
     def failed(self) -> None:
         """Any rank that failed: its error, log and hang stacks, whole (best effort)."""
         self._done.set()
-        names = [f"logs/worker-{self.rank}.error.json", f"logs/worker-{self.rank}.stacks.txt"]
+        names = [f"{LOGS_DIR}/{worker_error_name(self.rank)}", f"{LOGS_DIR}/{worker_stacks_name(self.rank)}"]
         try:
             with self._lock:
                 for relpath in names:
                     self._send_from(relpath, 0, whole=True)
-                log = f"logs/worker-{self.rank}.jsonl"
+                log = f"{LOGS_DIR}/{worker_log_name(self.rank)}"
                 self._send_from(log, self._sent.get(log, 0), whole=False)
         except Exception:
             pass

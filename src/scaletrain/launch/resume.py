@@ -18,7 +18,10 @@ from scaletrain.checkpoint.storage import CheckpointStorage, open_storage, step_
 from scaletrain.config import parse_job
 from scaletrain.config.schema import JobConfig
 from scaletrain.errors import ConfigError, ScaletrainError
-from scaletrain.rundir import RunLock, RunSpec, check_run_ref
+from scaletrain.rundir import (
+    CHECKPOINT_CACHE_DIR, LOGS_DIR, SPEC_FILE, SUMMARY_FILE, RunLock, RunSpec, check_run_ref,
+    worker_log_name,
+)
 
 __all__ = ["prepare_resume", "find_run_dir", "keep_global_batch", "RunFinished"]
 
@@ -38,12 +41,12 @@ class RunFinished(Exception):
 def find_run_dir(target: str, runs_root: str | Path = "runs") -> tuple[Path, Path | None]:
     """The run directory for ``target`` and, when it names one checkpoint folder, that folder."""
     path = Path(target).expanduser()
-    if (path / "spec.json").is_file():
+    if (path / SPEC_FILE).is_file():
         return path.resolve(), None
     if (path / MANIFEST_FILE).is_file():
         state = _trainer_state(path)
         run_dir = Path(state.get("run_dir", ""))
-        if not (run_dir / "spec.json").is_file():
+        if not (run_dir / SPEC_FILE).is_file():
             raise ScaletrainError(
                 f"checkpoint {path} belongs to run directory {run_dir or '?'}, which is not here; "
                 "resume needs that run directory (its spec.json)"
@@ -81,7 +84,7 @@ def prepare_resume(
     when the launch is over."""
     run_dir, folder = find_run_dir(target)
     try:
-        spec = RunSpec.read(run_dir / "spec.json")
+        spec = RunSpec.read(run_dir / SPEC_FILE)
     except (OSError, ValueError, TypeError) as exc:
         raise ScaletrainError(f"cannot read {run_dir / 'spec.json'}: {exc}") from None
     if folder is None:
@@ -101,12 +104,12 @@ def _refuse_if_finished(spec: RunSpec, run_dir: Path, overrides: list[str] | tup
     overrides make it longer, or its checkpoints end before its last step (newer ones set
     aside: that timeline is trained again). Raises RunFinished with its summary."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
     if not isinstance(summary, dict) or summary.get("status") != "finished" or summary.get("run_id") != spec.run_id:
         return
-    source = str(run_dir / "spec.json")
+    source = str(run_dir / SPEC_FILE)
     recorded, asked = parse_job(spec.job, source=source), parse_job(spec.job, overrides, source=source)
     if any(getattr(recorded.train, key) != getattr(asked.train, key) for key in ("max_steps", "epochs")):
         return
@@ -123,7 +126,7 @@ def _refuse_if_finished(spec: RunSpec, run_dir: Path, overrides: list[str] | tup
 
 def _prepare(spec: RunSpec, run_dir: Path, folder: Path | None,
              overrides: list[str] | tuple[str, ...]) -> list[str]:
-    source = str(run_dir / "spec.json")
+    source = str(run_dir / SPEC_FILE)
     config = parse_job(spec.job, overrides, source=source)
     notes = []
     if not any(item.split("=", 1)[0].strip() == "train.grad_accum" for item in overrides):
@@ -140,7 +143,7 @@ def _prepare(spec: RunSpec, run_dir: Path, folder: Path | None,
     checkpoint = _in_location(storage, folder, spec.run_id)
     try:
         manifest = storage.read_manifest(checkpoint)
-        manifest.check_dir(storage.local_copy(checkpoint, manifest, run_dir / "checkpoint-cache"))
+        manifest.check_dir(storage.local_copy(checkpoint, manifest, run_dir / CHECKPOINT_CACHE_DIR))
     except ManifestError as exc:
         raise ScaletrainError(f"checkpoint {checkpoint} failed verification: {exc}") from None
     for name in storage.names():
@@ -157,7 +160,7 @@ def _continue_here(spec: RunSpec, run_dir: Path) -> list[str]:
     recorded = Path(spec.run_dir)
     if recorded == run_dir or (recorded.exists() and _same(recorded, run_dir)):
         return []
-    if (recorded / "spec.json").exists():
+    if (recorded / SPEC_FILE).exists():
         raise ConfigError(
             f"{run_dir} is a copy of run directory {recorded}, which is still there: resume that "
             "one (a copy would continue the same run in two places)"
@@ -205,12 +208,12 @@ def _saved_step(run_dir: Path) -> int | None:
     0's log (which an attempt that failed also leaves)."""
     steps = []
     try:
-        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
         steps.append(summary.get("checkpoint_step"))
     except (OSError, ValueError, AttributeError):
         pass
     try:
-        with open(run_dir / "logs" / "worker-0.jsonl", encoding="utf-8") as log:
+        with open(run_dir / LOGS_DIR / worker_log_name(0), encoding="utf-8") as log:
             for line in log:
                 if '"checkpoint saved"' in line:
                     steps.append(step_of(str(json.loads(line).get("checkpoint", "")).rsplit("/", 1)[-1]))

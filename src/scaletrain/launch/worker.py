@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import default_collate
 
 from scaletrain import __version__
-from scaletrain.checkpoint.atomic import write_text_atomic
+from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.checkpoint.location import checkpoint_location, config_hash
 from scaletrain.checkpoint.manager import CheckpointManager
 from scaletrain.checkpoint.retention import RetentionPolicy
@@ -43,7 +43,7 @@ from scaletrain.engine.control import Control, StopRequest, Watchdog
 from scaletrain.engine.trainer import Trainer, TrainResult
 from scaletrain.faults import FaultPlan, deny_writes
 from scaletrain.engine.weights import save_weights
-from scaletrain.rundir import RunSpec
+from scaletrain.rundir import METRICS_FILE, TRACKING_DIR, WEIGHTS_FILE, RunSpec
 from scaletrain.task import build_task
 from scaletrain.tracking.logs import LOGGER_NAME, LogContext, setup_logging
 from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR, example_input, save_mlflow_model
@@ -54,9 +54,8 @@ from scaletrain.tracking.session import recorded_run
 from scaletrain.tracking.progress import ProgressBar, progress_wanted
 from scaletrain.tracking.reporter import LogReporter, MetricsFile, NullReporter, Reporters
 
-__all__ = ["run_worker", "main", "WEIGHTS_FILE", "RESTART_COUNT_ENV"]
+__all__ = ["run_worker", "main", "RESTART_COUNT_ENV"]
 
-WEIGHTS_FILE = "model.safetensors"
 RESTART_COUNT_ENV = "SCALETRAIN_RESTART_COUNT"  # set by engines that count restarts themselves (Ray)
 log = logging.getLogger(f"{LOGGER_NAME}.worker")
 
@@ -220,7 +219,7 @@ def _train(
     if restart_count() and env.is_main:  # the console's only sign that a worker failed
         log.warning(
             "restart %d of %d after a worker failure (its exit is in %s); %s",
-            restart_count(), job.recovery.max_restarts, spec.logs_dir / "launcher.jsonl",
+            restart_count(), job.recovery.max_restarts, spec.launcher_log,
             f"resumed from step {resumed_at}" if resumed_at is not None else "no checkpoint yet: from step 0",
         )
     elif resumed_at is not None:
@@ -275,7 +274,7 @@ def _reporter_for(
         sinks.append(console)
     if env.is_main:
         sinks += [
-            MetricsFile(os.path.join(spec.out_dir, "metrics.jsonl"), every=job.train.log_every),
+            MetricsFile(os.path.join(spec.out_dir, METRICS_FILE), every=job.train.log_every),
             LogReporter(logging.getLogger(f"{LOGGER_NAME}.metrics"), every=job.train.log_every),
         ]
         if progress_wanted():
@@ -283,7 +282,7 @@ def _reporter_for(
         if job.tracking.enabled:  # journaled even while the tracker is unreachable
             sinks.append(
                 MlflowReporter(
-                    os.path.join(spec.out_dir, "tracking"),
+                    os.path.join(spec.out_dir, TRACKING_DIR),
                     every=job.tracking.log_every_steps or job.train.log_every,
                 )
             )

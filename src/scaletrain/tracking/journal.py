@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from scaletrain.checkpoint.atomic import write_text_atomic
+from scaletrain.rundir.atomic import write_text_atomic
 
 __all__ = ["MetricPoint", "MetricJournal"]
 

@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
-from scaletrain.checkpoint.atomic import write_text_atomic
+from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.tracking.git_state import git_state
 from scaletrain.tracking.redact import Redactor
+from scaletrain.rundir import RUN_CARD_FILE
 
 __all__ = ["build_run_card", "write_run_card", "data_fingerprint", "compare_run_cards"]
 
-RUN_CARD_FILE = "run_card.json"
 
 
 def data_fingerprint(task: Any, dataset: Any, samples: int = 256) -> str:

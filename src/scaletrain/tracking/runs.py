@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.errors import ScaletrainError
-from scaletrain.rundir import check_run_ref
+from scaletrain.rundir import RUN_CARD_FILE, check_run_ref
 from scaletrain.tracking.redact import redact_url
 from scaletrain.tracking.sender import configure_mlflow_client
 
@@ -155,7 +155,7 @@ def _read_error(what: str, uri: str, exc: BaseException) -> TrackingReadError:
 def run_details(uri: str, run_ref: str) -> dict[str, Any]:
     run = find_run(uri, run_ref)
     client = _client(uri)
-    card = download_json(uri, run.info.run_id, "run_card.json") or {}
+    card = download_json(uri, run.info.run_id, RUN_CARD_FILE) or {}
     git = card.get("git") or {}
     return {
         "run": run.info.run_id,

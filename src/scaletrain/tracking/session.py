@@ -21,10 +21,10 @@ from typing import Any
 
 from scaletrain.config.schema import JobConfig
 from scaletrain.tracking.redact import redact_url
+from scaletrain.rundir import MLFLOW_RUN_FILE, TRACKING_DIR
 
 __all__ = ["TrackingSession", "record_run", "recorded_run"]
 
-RUN_FILE = "mlflow_run.json"
 EXTRA_TAGS_ENV = "_SCALETRAIN_TRACKING_EXTRA_TAGS"
 ARTIFACTS_TIMEOUT_S = 600.0
 
@@ -34,7 +34,7 @@ def recorded_run(run_dir: str | Path, config: JobConfig | None = None) -> dict[s
     recorded without credentials (see record_run); with ``config``, the job's own URI stands
     in for it when it names the same store, credentials and all."""
     try:
-        data = json.loads((Path(run_dir) / "tracking" / RUN_FILE).read_text(encoding="utf-8"))
+        data = json.loads((Path(run_dir) / TRACKING_DIR / MLFLOW_RUN_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or not data.get("run_id"):
@@ -53,9 +53,9 @@ def recorded_run(run_dir: str | Path, config: JobConfig | None = None) -> dict[s
 def record_run(run_dir: str | Path, uri: str, run_id: str) -> None:
     """Remember the job's MLflow run for a resume. A password in the URI stays out of the run
     directory (it is copied, shared and uploaded): the job file or the environment gives it again."""
-    from scaletrain.checkpoint.atomic import write_text_atomic
+    from scaletrain.rundir.atomic import write_text_atomic
 
-    write_text_atomic(Path(run_dir) / "tracking" / RUN_FILE, json.dumps({"uri": redact_url(uri), "run_id": run_id}))
+    write_text_atomic(Path(run_dir) / TRACKING_DIR / MLFLOW_RUN_FILE, json.dumps({"uri": redact_url(uri), "run_id": run_id}))
 
 
 class TrackingSession:
@@ -76,7 +76,7 @@ class TrackingSession:
         """Start the tracking process (it reads the run's spec.json, written before)."""
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "scaletrain.tracking.ship", str(self.run_dir),
-             str(self.spec.logs_dir / "launcher.jsonl"), self.engine, str(self._max_backoff)],
+             str(self.spec.launcher_log), self.engine, str(self._max_backoff)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             # In the environment, not the command line: other users can read a command line.
             env={**os.environ, EXTRA_TAGS_ENV: json.dumps(self.extra_tags or {})},
@@ -131,12 +131,12 @@ class TrackingSession:
         report = self._report
         if report is None and self.run_id is not None:
             self.log.warning("the tracking process did not report back; what it could not send "
-                             "stays in %s", self.run_dir / "tracking")
+                             "stays in %s", self.run_dir / TRACKING_DIR)
             return
         if report is None or not report.get("opened"):
             self.log.warning(
                 "the tracking server never answered: no MLflow run for this attempt; its metrics "
-                "stay in %s (and metrics.jsonl)", self.run_dir / "tracking",
+                "stay in %s (and metrics.jsonl)", self.run_dir / TRACKING_DIR,
             )
             return
         self.log.info(
@@ -148,5 +148,5 @@ class TrackingSession:
         if report["left"]:
             self.log.warning(
                 "%d metric points could not be delivered to the tracking server; they are kept in "
-                "%s and sent by the next attempt", report["left"], self.run_dir / "tracking",
+                "%s and sent by the next attempt", report["left"], self.run_dir / TRACKING_DIR,
             )

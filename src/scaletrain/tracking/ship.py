@@ -28,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from scaletrain.rundir import JOB_FILE, SPEC_FILE, TRACKING_DIR
 
 __all__ = ["main"]
 
@@ -92,13 +93,13 @@ def _open_run(config: Any, spec: Any, engine: str, extra_tags: dict[str, str], l
                 run = TrackingRun.start(config, spec.run_id, spec.trace_id, engine, spec.python_path,
                                         extra_tags)
                 record_run(run_dir, run.uri, run.run_id)
-                run.log_artifact(run_dir / "job.yaml")
+                run.log_artifact(run_dir / JOB_FILE)
         except Exception as exc:
             if not failing:
                 log.warning(
                     "cannot reach the tracking server to open the MLflow run (%s); training goes "
                     "on, metrics are journaled in %s and sent once it answers",
-                    _one_line(exc), run_dir / "tracking",
+                    _one_line(exc), run_dir / TRACKING_DIR,
                 )
                 failing = True
             if commands.arrived.wait(backoff):
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir, log_file, engine, max_backoff = (argv or sys.argv[1:])[:4]
     extra_tags = os.environ.pop(EXTRA_TAGS_ENV, "{}")
-    spec = RunSpec.read(Path(run_dir) / "spec.json")
+    spec = RunSpec.read(Path(run_dir) / SPEC_FILE)
     undo = setup_logging(LogContext(spec.run_id, spec.trace_id, rank=None), log_file,
                          redactor=Redactor.for_config(spec.job), logger_name=LAUNCHER_LOGGER_NAME)
     log = logging.getLogger(f"{LAUNCHER_LOGGER_NAME}.tracking")
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         startup_cpu_s = process_cpu_s()
         _idle_priority()  # from here on, only cycles training leaves free
         run.start_system_metrics(config.tracking.system_metrics_every_s)
-        shipper = JournalShipper(run.client, run.run_id, Path(run_dir) / "tracking", log).start()
+        shipper = JournalShipper(run.client, run.run_id, Path(run_dir) / TRACKING_DIR, log).start()
     commands.arrived.wait()
     command = commands.command or {}
     timeout = float(command.get("timeout_s", DEFAULT_CLOSE_TIMEOUT_S))

@@ -33,13 +33,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scaletrain.checkpoint.atomic import write_text_atomic
+from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.config import job_to_yaml
 from scaletrain.config.loading import parse_job
 from scaletrain.config.schema import JobConfig
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.tracking.redact import Redactor
 from scaletrain.tune.space import Dimension, load_space
+from scaletrain.rundir import SUMMARY_FILE
 
 __all__ = ["SearchOptions", "run_search", "TRACKING_TAGS_ENV"]
 
@@ -425,7 +426,7 @@ def _wait_for_stopped_trials(directory: Path, timeout_s: float) -> None:
     got SIGTERM, as in a preemption): wait for them, within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     for run_dir in sorted(p.parent for p in directory.glob("trials/*/runs/*/*/spec.json")):
-        while not (run_dir / "summary.json").exists() and time.monotonic() < deadline:
+        while not (run_dir / SUMMARY_FILE).exists() and time.monotonic() < deadline:
             time.sleep(0.2)
 
 

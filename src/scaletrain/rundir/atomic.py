@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never a torn one.
+"""Atomic file writes: a reader sees the old file or the whole new one, never a torn one; a new
+file is its owner's alone (mode 0600, from mkstemp).
 
 Write to a temporary name in the same directory, fsync it, ``os.replace`` it into place, then
 fsync the directory so the rename itself survives a power cut (atomic torch.save never landed

@@ -1,0 +1,13 @@
+"""The run directory, at the bottom of the package: every name in it (names.py), atomic writes
+(atomic.py), the spec a launcher hands its workers (spec.py) and the launcher's lock (lock.py).
+Launchers, workers, the tracking process and the checkpoint tools all read it; it imports
+nothing of scaletrain but its errors."""
+
+from scaletrain.rundir.atomic import atomic_path, fsync_dir, write_text_atomic
+from scaletrain.rundir.lock import RunInUse, RunLock
+from scaletrain.rundir.names import *  # noqa: F403
+from scaletrain.rundir.names import __all__ as _names
+from scaletrain.rundir.spec import RunSpec, check_run_ref, new_run_id
+
+__all__ = ["RunSpec", "new_run_id", "check_run_ref", "RunLock", "RunInUse", "atomic_path", "fsync_dir",
+           "write_text_atomic", *_names]

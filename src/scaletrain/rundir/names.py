@@ -1,0 +1,37 @@
+"""Every name in a run directory, and the environment variables a run is handed: spelled once,
+here, for the launchers, workers, the tracking process and the tools that read a run."""
+
+from __future__ import annotations
+
+__all__ = [
+    "SPEC_FILE", "SUMMARY_FILE", "JOB_FILE", "METRICS_FILE", "RUN_CARD_FILE", "WEIGHTS_FILE",
+    "LOCK_FILE", "LOGS_DIR", "LAUNCHER_LOG", "NODE_RESULT_FILE", "CHECKPOINTS_DIR", "CHECKPOINT_CACHE_DIR",
+    "TRACKING_DIR", "MLFLOW_RUN_FILE", "worker_log_name", "worker_error_name", "worker_stacks_name",
+]
+
+SPEC_FILE = "spec.json"  # what every worker starts from (unredacted, the owner's alone, never uploaded)
+SUMMARY_FILE = "summary.json"  # the outcome of the newest attempt
+JOB_FILE = "job.yaml"  # the resolved job, secrets masked: what is shown and uploaded
+METRICS_FILE = "metrics.jsonl"  # rank 0's metrics, one line per reported step
+RUN_CARD_FILE = "run_card.json"  # environment, data fingerprint, git state
+WEIGHTS_FILE = "model.safetensors"  # the final weights
+LOCK_FILE = ".lock"  # held by the launcher using the directory
+LOGS_DIR = "logs"
+LAUNCHER_LOG = "launcher.jsonl"  # in LOGS_DIR
+NODE_RESULT_FILE = "node-result.json"  # in LOGS_DIR: this node's result, from its first worker
+CHECKPOINTS_DIR = "checkpoints"  # the default checkpoint location
+CHECKPOINT_CACHE_DIR = "checkpoint-cache"  # verified local copies of checkpoints from object storage
+TRACKING_DIR = "tracking"  # the metric journal, its cursor, MLFLOW_RUN_FILE
+MLFLOW_RUN_FILE = "mlflow_run.json"  # in TRACKING_DIR: the job's MLflow run and its store
+
+
+def worker_log_name(rank: int) -> str:
+    return f"worker-{rank}.jsonl"
+
+
+def worker_error_name(rank: int) -> str:
+    return f"worker-{rank}.error.json"
+
+
+def worker_stacks_name(rank: int) -> str:
+    return f"worker-{rank}.stacks.txt"
