@@ -9,6 +9,7 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,8 +29,7 @@ from scaletrain.engine.optim import build_optimizer
 from scaletrain.engine.schedule import LRSchedule, build_scheduler
 from scaletrain.engine.weights import state_dict_sha256
 from scaletrain.errors import ScaletrainError
-from scaletrain.faults import FaultPlan
-from scaletrain.plan.state_bytes import measure_state_bytes
+from scaletrain.engine.state_bytes import measure_state_bytes
 from scaletrain.strategies import get_strategy
 from scaletrain.strategies.activation_checkpoint import checkpoint_blocks
 from scaletrain.strategies.blocks import find_blocks
@@ -75,12 +75,13 @@ class Trainer:
         reporter: Reporter,
         checkpoints: CheckpointManager | None = None,
         control: Control | None = None,
-        faults: FaultPlan | None = None,
+        after_step: Callable[[int], None] | None = None,
     ):
         self.job, self.task, self.env, self.placement, self.reporter = (
             job, task, env, placement, reporter
         )
-        self.checkpoints, self.faults = checkpoints, faults
+        self.checkpoints = checkpoints
+        self.after_step = after_step  # the worker's hook (fault injection in tests)
         self.control = control or Control(collectives.active(), StopRequest(), None, None)
         self.device = placement.device
         self.strategy = get_strategy(job.scale.resolved_strategy, job.scale)
@@ -202,8 +203,8 @@ class Trainer:
         if eval_due:
             result.eval = self.run_eval()
         self.reporter.on_step(self.step)
-        if self.faults is not None and self.faults.active:  # the step is done: counted as trained
-            self.faults.after_step(self.step)
+        if self.after_step is not None:  # the step is done: counted as trained
+            self.after_step(self.step)
         decision = self.control.check(
             self.step,
             async_ready=self.checkpoints is None or self.checkpoints.pending_ready,

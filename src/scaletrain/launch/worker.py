@@ -208,7 +208,7 @@ def _train(
     trainer = Trainer(
         job, task, env, placement, reporter,
         checkpoints=_checkpoints(spec, job, env, faults, console if env.is_main else None),
-        control=control, faults=faults,
+        control=control, after_step=faults.after_step if faults.active else None,
     )
     resumed_at = trainer.restore()
     if resumed_at is None and env.local_rank == 0 and job.checkpoint.enabled:

@@ -1,4 +1,5 @@
-"""Bytes of training state a rank holds, predicted (from shapes) and measured (from tensors).
+"""Bytes of training state a rank holds, predicted from shapes (engine/state_bytes.py measures
+them on the live tensors).
 
 Both sides count the same things: parameters, their gradients and the optimizer's state as
 this rank stores them (FSDP shards each parameter along dim 0 in ``torch.chunk`` pieces, so
@@ -10,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-__all__ = ["ParamShape", "shard_rows", "local_bytes", "optimizer_bytes", "measure_state_bytes"]
+__all__ = ["ParamShape", "shard_rows", "local_bytes", "optimizer_bytes"]
 
 STEP_BYTES = 4  # AdamW keeps a float32 scalar step counter per parameter (on the CPU path)
 
@@ -54,22 +54,3 @@ def optimizer_bytes(shapes: list[ParamShape], optimizer: str, momentum: float, w
     if optimizer == "sgd":
         return weights if momentum else 0
     return 2 * weights + STEP_BYTES * len(shapes)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard on this rank
-
-
-def measure_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    params = [p for p in model.parameters() if p.requires_grad]
-    state = 0
-    for per_param in optimizer.state.values():
-        for value in per_param.values():
-            if isinstance(value, torch.Tensor):
-                state += _local(value).nbytes
-    return {
-        "params": sum(_local(p).nbytes for p in params),
-        "grads": sum(_local(p.grad).nbytes for p in params if p.grad is not None),
-        "optimizer": state,
-        "buffers": sum(b.nbytes for b in model.buffers()),
-    }
