@@ -123,6 +123,8 @@ def test_a_hang_under_ray_is_dumped_ended_and_restarted(tmp_path, monkeypatch, r
     assert stacks, sorted(p.name for p in Path(summary["run_dir"]).rglob("*"))
     text = stacks[0].read_text()
     assert "Timeout (0:00:08)!" in text and "_fire" in text  # the hung frame is in the dump
+    peer = list(Path(summary["run_dir"]).rglob("worker-0.stacks.txt"))  # dumped too, in the grace
+    assert peer and "Timeout (0:00:08)!" in peer[0].read_text()
 
 
 def test_a_failing_rank_is_named(tmp_path, monkeypatch, ray_cluster):

@@ -127,8 +127,14 @@ def test_a_hang_is_dumped_ended_and_restarted(tmp_path, monkeypatch, reference):
     summary = run_with_fault(monkeypatch, "hang:rank=1:step=25", job)
     assert summary["restarts"] == 1 and summary["resumed_from_step"] == 20
     assert summary["weights_sha256"] == reference["weights_sha256"]
-    stacks = (Path(summary["run_dir"]) / "logs" / "worker-1.stacks.txt").read_text()
+    logs = Path(summary["run_dir"]) / "logs"
+    stacks = (logs / "worker-1.stacks.txt").read_text()
     assert "Timeout (0:00:08)!" in stacks and "_fire" in stacks  # the hung frame is in the dump
+    # Its peer, armed at the same check, dumped too before either ended (a grace period): it
+    # waited in a collective, so the launcher names rank 1, the hang, as the cause.
+    assert "Timeout (0:00:08)!" in (logs / "worker-0.stacks.txt").read_text()
+    assert ("restarting the workers after worker rank 1 failed: made no progress for 8 s (hang watchdog; "
+            "rank 0 waited for it in a collective)") in (logs / "launcher.jsonl").read_text()
 
 
 def test_a_rank_that_always_fails_ends_the_job_naming_it(tmp_path, monkeypatch):

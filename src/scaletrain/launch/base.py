@@ -90,10 +90,13 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str],
     hung = _hung_ranks(spec, ranks, earlier)
     if hung and not errors:  # the watchdog ended them: that is the story, not their exit code
         timeout = spec.job.get("recovery", {}).get("hang_timeout_s")
+        waiting = [r for r in hung if _waits_in_collective(spec.worker_stacks(r))]
+        stuck = [r for r in hung if r not in waiting] or hung  # all waiting: a collective hung
+        peers = f"; rank {', '.join(map(str, waiting))} waited for it in a collective" if waiting and stuck != hung else ""
         fallback = {
-            r: f"made no progress for {timeout:g} s (hang watchdog); every thread's stack is in "
+            r: f"made no progress for {timeout:g} s (hang watchdog{peers}); every thread's stack is in "
             f"{spec.worker_stacks(r)}"
-            for r in hung
+            for r in stuck
         }
     bad_input = False
     if errors:
@@ -136,6 +139,25 @@ def _hung_ranks(spec: RunSpec, ranks: Iterable[int], earlier: dict[str, FileStat
         if state is not None and state[2] > 0 and not _earlier(path, earlier):
             found.append(rank)
     return found
+
+
+# Where the training thread of a rank that only waits for a peer is: in a collective (ours, or
+# DDP's and FSDP's inside autograd).
+_WAITING_IN = ("/torch/distributed/", "/torch/autograd/", "/scaletrain/distributed/")
+
+
+def _waits_in_collective(path: Any) -> bool:
+    """Whether the last dump in a stacks file shows the training thread waiting in a collective
+    (then this rank waited for a peer; the peer is the hang)."""
+    try:
+        dump = path.read_text(encoding="utf-8", errors="replace").rsplit("Timeout (", 1)[-1]
+    except OSError:
+        return False
+    for thread in dump.split("\n\n"):
+        frames = [line.strip() for line in thread.splitlines() if line.strip().startswith("File ")]
+        if any("/scaletrain/engine/" in frame for frame in frames):
+            return any(part in frames[0] for part in _WAITING_IN)
+    return False
 
 
 def checked_result(spec: RunSpec, result: dict[str, Any]) -> dict[str, Any]:

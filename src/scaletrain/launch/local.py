@@ -124,8 +124,8 @@ def _attempt_logs(spec: RunSpec) -> Any:
         def reify(self, envs: dict[int, dict[str, str]]) -> Any:
             now = failure_files(spec)
             if self.started:  # a restart: say why, where the user looks (launcher.jsonl)
-                failed = sorted(int(path.rsplit("worker-", 1)[1].split(".")[0]) for path, state in now.items()
-                                if path.endswith(".error.json") and self.earlier.get(path) != state)
+                failed = sorted({int(path.rsplit("worker-", 1)[1].split(".")[0]) for path, state in now.items()
+                                 if self.earlier.get(path) != state})  # an error, or a hang's stacks
                 if failed:
                     _restart_log.warning("restarting the workers after %s",
                                          worker_error(spec, failed, {}, self.earlier))

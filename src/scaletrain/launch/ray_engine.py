@@ -580,7 +580,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     if node != config["driver_node"] or os.environ.get(FORCE_LOCAL_ENV) == "1":
         # Another machine than the driver's: write here, relay to the driver's run directory.
         spec.local_dir = local_dir_for(spec.run_id, node)
-        relay = RunDirRelay(mailbox, spec.local_dir, env.rank)
+        relay = RunDirRelay(mailbox, spec.local_dir, env.rank).watch_stacks()
         if env.rank == 0:
             relay.start()
     try:

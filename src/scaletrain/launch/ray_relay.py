@@ -6,7 +6,7 @@ to the driver, which writes them into its run directory:
 - rank 0's metrics file, metric journal (what the driver's tracking process sends to MLflow) and
   log, as they grow (every half second, and before every checkpoint commits);
 - at the end, rank 0's final files: the weights, the MLflow model, the run card; every rank's log;
-- a failed rank's error, log and hang stacks.
+- a failed rank's error and log; a hung rank's stacks as soon as they are dumped.
 Checkpoints never travel this way: they go to checkpoint storage every node reaches.
 """
 
@@ -65,6 +65,35 @@ class RunDirRelay:
         self._thread = threading.Thread(target=self._tail_loop, name="scaletrain-relay", daemon=True)
         self._thread.start()
         return self
+
+    def watch_stacks(self) -> RunDirRelay:
+        """Every rank: a hang's stack dump, sent whole as soon as the watchdog writes it. The
+        watchdog ends the process a grace period later, never running ``failed()``; while the
+        rank waits (in a collective, asleep) this thread has the GIL."""
+        threading.Thread(target=self._stacks_loop, name="scaletrain-relay-stacks", daemon=True).start()
+        return self
+
+    def _stacks_loop(self) -> None:
+        relpath = f"{LOGS_DIR}/{worker_stacks_name(self.rank)}"
+        path = self.local_dir / relpath
+
+        def size() -> int:
+            try:
+                return path.stat().st_size
+            except OSError:
+                return 0
+
+        sent = last = size()  # an earlier attempt's dumps on this machine: already told
+        while not self._done.wait(0.25):
+            now = size()
+            if now > sent and now == last:  # a new dump, whole (faulthandler writes it at once)
+                try:
+                    with self._lock:
+                        self._send_from(relpath, 0, whole=True)
+                    sent = now
+                except Exception:  # the driver may be gone; its error says so
+                    pass
+            last = now
 
     def _call(self, method: str, *args: Any) -> Any:
         """One mailbox call, waited for (the order of a rank's calls is the order it made them)."""

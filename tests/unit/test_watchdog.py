@@ -1,0 +1,53 @@
+"""The hang watchdog in a real process: it dumps at the timeout, then ends the process only after
+a grace period (the peers of a hung rank dump meanwhile), even with the GIL held."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from scaletrain.engine.control import grace_s
+
+HANGS = textwrap.dedent(
+    """
+    import sys, time
+    from scaletrain.engine.control import Watchdog
+    Watchdog(1.0, sys.argv[1]).arm()
+    {hang}
+    """
+)
+
+
+def _watch(tmp_path, hang: str) -> tuple[float, float, int]:
+    """(seconds to the dump, seconds to the end, return code)."""
+    stacks = tmp_path / "worker-0.stacks.txt"
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", HANGS.format(hang=hang), str(stacks)])
+    dumped = None
+    try:
+        while proc.poll() is None and time.monotonic() - started < 30:
+            if dumped is None and stacks.exists() and "Timeout (0:00:01)!" in stacks.read_text():
+                dumped = time.monotonic() - started
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ended = time.monotonic() - started
+    assert dumped is not None, "no dump while the process lived"
+    return dumped, ended, proc.wait()
+
+
+def test_a_hung_process_dumps_then_ends_after_the_grace(tmp_path):
+    dumped, ended, code = _watch(tmp_path, "time.sleep(60)")
+    assert code == -signal.SIGALRM
+    assert ended - dumped >= grace_s(1.0) - 0.5, (dumped, ended)  # alive a while after its dump
+    assert ended < 1.0 + grace_s(1.0) + 5
+
+
+def test_a_process_holding_the_gil_is_ended_too(tmp_path):
+    # A C call that never releases the GIL: no Python thread could end this process.
+    dumped, ended, code = _watch(tmp_path, "import re; re.match(r'(a+)+$', 'a' * 40 + 'b')")
+    assert code == -signal.SIGALRM and ended < 1.0 + grace_s(1.0) + 5, (dumped, ended)
