@@ -108,6 +108,9 @@ class LocalLauncher(Launcher):
         result = _read_result(spec)
         if result is None:
             raise worker_error(spec, range(workers), {0: "rank 0 left no result"}, logs.earlier)
+        # torch elastic's restart count is this agent's failures only: a node whose workers were
+        # restarted because another node's failed (a membership change) counted none.
+        result["restarts"] = max(int(result.get("restarts", 0)), logs.starts - 1)
         return checked_result(spec, result)
 
 
@@ -120,8 +123,10 @@ def _attempt_logs(spec: RunSpec) -> Any:
     class AttemptLogs(DefaultLogsSpecs):
         earlier: dict[str, Any] = {}
         started = False
+        starts = 0  # of the workers: 1 + restarts, whether a failure here or a node re-joining caused them
 
         def reify(self, envs: dict[int, dict[str, str]]) -> Any:
+            self.starts += 1
             now = failure_files(spec)
             if self.started:  # a restart: say why, where the user looks (launcher.jsonl)
                 failed = sorted({int(path.rsplit("worker-", 1)[1].split(".")[0]) for path, state in now.items()
