@@ -37,3 +37,18 @@ def test_torch_without_signals_to_handle_reads_them_from_the_environment():
     config, env = launch_config(_older("shutdown_timeout", "signals_to_handle"), **OPTIONS)
     assert not hasattr(config, "signals_to_handle")
     assert env == {"TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGINT,SIGHUP,SIGQUIT"}
+
+
+def test_the_workers_of_each_start_learn_which_start_it_is(tmp_path):
+    """From the launcher, not torch elastic's count (which misses a restart another node caused):
+    every start of the workers, failure here or membership change, counts."""
+    from scaletrain.launch.local import _attempt_logs
+    from scaletrain.rundir import RESTART_COUNT_ENV, RunSpec
+
+    logs = _attempt_logs(RunSpec(job={"name": "toy"}, run_id="r", run_dir=str(tmp_path)))
+    seen = []
+    for _ in range(3):
+        envs = {0: {"TORCHELASTIC_RESTART_COUNT": "0"}, 1: {"TORCHELASTIC_RESTART_COUNT": "0"}}
+        logs.reify(envs)
+        seen.append([env[RESTART_COUNT_ENV] for env in envs.values()])
+    assert seen == [["0", "0"], ["1", "1"], ["2", "2"]]

@@ -91,12 +91,12 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str],
     if hung and not errors:  # the watchdog ended them: that is the story, not their exit code
         timeout = spec.job.get("recovery", {}).get("hang_timeout_s")
         waiting = [r for r in hung if _waits_in_collective(spec.worker_stacks(r))]
-        stuck = [r for r in hung if r not in waiting] or hung  # all waiting: a collective hung
-        peers = f"; rank {', '.join(map(str, waiting))} waited for it in a collective" if waiting and stuck != hung else ""
-        fallback = {
+        stuck = [r for r in hung if r not in waiting]
+        peers = f"; rank {', '.join(map(str, waiting))} waited for it in a collective" if stuck and waiting else ""
+        fallback = {  # every rank waiting: the collective itself hung, all are named
             r: f"made no progress for {timeout:g} s (hang watchdog{peers}); every thread's stack is in "
             f"{spec.worker_stacks(r)}"
-            for r in stuck
+            for r in stuck or hung
         }
     bad_input = False
     if errors:

@@ -23,7 +23,7 @@ from scaletrain.errors import RunInterrupted, StopTimedOut
 from scaletrain.launch.base import Launcher, checked_result, failure_files, worker_error
 from scaletrain.launch.rendezvous import Rendezvous
 from scaletrain.launch.rendezvous import register as register_rendezvous
-from scaletrain.rundir import RunSpec
+from scaletrain.rundir import RESTART_COUNT_ENV, RunSpec
 from scaletrain.tracking.logs import route_loggers_to_file
 from scaletrain.tracking.redact import Redactor
 
@@ -108,9 +108,6 @@ class LocalLauncher(Launcher):
         result = _read_result(spec)
         if result is None:
             raise worker_error(spec, range(workers), {0: "rank 0 left no result"}, logs.earlier)
-        # torch elastic's restart count is this agent's failures only: a node whose workers were
-        # restarted because another node's failed (a membership change) counted none.
-        result["restarts"] = max(int(result.get("restarts", 0)), logs.starts - 1)
         return checked_result(spec, result)
 
 
@@ -122,19 +119,22 @@ def _attempt_logs(spec: RunSpec) -> Any:
 
     class AttemptLogs(DefaultLogsSpecs):
         earlier: dict[str, Any] = {}
-        started = False
-        starts = 0  # of the workers: 1 + restarts, whether a failure here or a node re-joining caused them
+        starts = 0
 
         def reify(self, envs: dict[int, dict[str, str]]) -> Any:
-            self.starts += 1
+            # The workers learn which start this is from us: torch elastic's restart count is
+            # this agent's failures only, so a node whose workers restart because another node's
+            # failed (a membership change) would count none (and redo attempt-0 faults).
+            for env in envs.values():
+                env[RESTART_COUNT_ENV] = str(self.starts)
             now = failure_files(spec)
-            if self.started:  # a restart: say why, where the user looks (launcher.jsonl)
+            if self.starts:  # a restart: say why, where the user looks (launcher.jsonl)
                 failed = sorted({int(path.rsplit("worker-", 1)[1].split(".")[0]) for path, state in now.items()
                                  if self.earlier.get(path) != state})  # an error, or a hang's stacks
                 if failed:
                     _restart_log.warning("restarting the workers after %s",
                                          worker_error(spec, failed, {}, self.earlier))
-            self.started, self.earlier = True, now
+            self.starts, self.earlier = self.starts + 1, now
             return super().reify(envs)
 
     return AttemptLogs(log_dir=str(spec.logs_dir / "elastic"))

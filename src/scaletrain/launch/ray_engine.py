@@ -41,7 +41,7 @@ from scaletrain.launch.ray_join import (
     check_cluster_answers,
     native_stderr_to,
 )
-from scaletrain.rundir import RunSpec
+from scaletrain.rundir import RESTART_COUNT_ENV, RunSpec
 from scaletrain.tracking.redact import Redactor
 
 __all__ = ["RayLauncher", "import_ray", "ray_session"]
@@ -554,7 +554,7 @@ def _train_loop(config: dict[str, Any]) -> None:
 
     from scaletrain.distributed.env import DistEnv
     from scaletrain.engine.control import StopRequest
-    from scaletrain.launch.worker import RESTART_COUNT_ENV, run_worker
+    from scaletrain.launch.worker import run_worker
 
     spec = RunSpec(**config["spec"])
     mailbox = config["mailbox"]

@@ -43,7 +43,7 @@ from scaletrain.engine.control import Control, StopRequest, Watchdog
 from scaletrain.engine.trainer import Trainer, TrainResult
 from scaletrain.faults import FaultPlan, deny_writes
 from scaletrain.engine.weights import save_weights
-from scaletrain.rundir import METRICS_FILE, TRACKING_DIR, WEIGHTS_FILE, RunSpec
+from scaletrain.rundir import METRICS_FILE, RESTART_COUNT_ENV, TRACKING_DIR, WEIGHTS_FILE, RunSpec
 from scaletrain.task import build_task
 from scaletrain.tracking.logs import LOGGER_NAME, LogContext, setup_logging
 from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR, example_input, save_mlflow_model
@@ -54,9 +54,8 @@ from scaletrain.tracking.session import recorded_run
 from scaletrain.tracking.progress import ProgressBar, progress_wanted
 from scaletrain.tracking.reporter import LogReporter, MetricsFile, NullReporter, Reporters
 
-__all__ = ["run_worker", "main", "RESTART_COUNT_ENV"]
+__all__ = ["run_worker", "main"]
 
-RESTART_COUNT_ENV = "SCALETRAIN_RESTART_COUNT"  # set by engines that count restarts themselves (Ray)
 log = logging.getLogger(f"{LOGGER_NAME}.worker")
 
 
@@ -152,7 +151,8 @@ def _save_every_s(job: JobConfig) -> float | None:
 
 
 def restart_count() -> int:
-    """Which attempt of this launch this is (torch elastic or the engine counts restarts)."""
+    """Which attempt of this launch this is (our launchers count; torch elastic's own count, under
+    plain torchrun, misses a restart caused by another node)."""
     count = os.environ.get(RESTART_COUNT_ENV) or os.environ.get("TORCHELASTIC_RESTART_COUNT")
     return int(count or 0)
 

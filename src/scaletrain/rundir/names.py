@@ -7,6 +7,7 @@ __all__ = [
     "SPEC_FILE", "SUMMARY_FILE", "JOB_FILE", "METRICS_FILE", "RUN_CARD_FILE", "WEIGHTS_FILE",
     "LOCK_FILE", "LOGS_DIR", "LAUNCHER_LOG", "NODE_RESULT_FILE", "CHECKPOINTS_DIR", "CHECKPOINT_CACHE_DIR",
     "TRACKING_DIR", "MLFLOW_RUN_FILE", "worker_log_name", "worker_error_name", "worker_stacks_name",
+    "RESTART_COUNT_ENV",
 ]
 
 SPEC_FILE = "spec.json"  # what every worker starts from (unredacted, the owner's alone, never uploaded)
@@ -23,6 +24,10 @@ CHECKPOINTS_DIR = "checkpoints"  # the default checkpoint location
 CHECKPOINT_CACHE_DIR = "checkpoint-cache"  # verified local copies of checkpoints from object storage
 TRACKING_DIR = "tracking"  # the metric journal, its cursor, MLFLOW_RUN_FILE
 MLFLOW_RUN_FILE = "mlflow_run.json"  # in TRACKING_DIR: the job's MLflow run and its store
+
+# Which start of the workers this is in a launch (0: the first): set by the launcher that starts
+# them, for fault injection's attempts, the console and the summary's restart count.
+RESTART_COUNT_ENV = "SCALETRAIN_RESTART_COUNT"
 
 
 def worker_log_name(rank: int) -> str:
