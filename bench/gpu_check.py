@@ -61,7 +61,7 @@ from common import GPU_SECTION, REPO, gpu_section, steady_steps_per_s  # noqa: E
 
 EXAMPLES = REPO / "examples"
 TINY_GPT = str(EXAMPLES / "tiny_gpt.yaml")
-FAULT_ENV = "SCALETRAIN_FAULT"  # scaletrain/faults.py
+FAULT_ENV = "SCALETRAIN_FAULT"  # scaletrain/recovery/faults.py
 RESERVE_S = 5  # of the budget, kept for writing the results
 LOSS_FALLS = 0.9  # the last reported loss below this fraction of the first
 

@@ -69,7 +69,7 @@ def critical_path(job_file: str, blocks: int) -> dict:
     from scaletrain.distributed.env import DistEnv
     from scaletrain.engine.trainer import Trainer, TrainResult, _Window
     from scaletrain.rundir import RunSpec
-    from scaletrain.launch.worker import _reporter_for
+    from scaletrain.tracking.worker_sinks import worker_reporter
     from scaletrain.data.loader import train_loader
     from scaletrain.task import build_task
     from scaletrain.tracking.logs import LogContext
@@ -87,8 +87,7 @@ def critical_path(job_file: str, blocks: int) -> dict:
         spec = RunSpec.in_dir(job.model_dump(mode="json"), tmp / ("on" if tracking else "off"),
                               python_path=[str(job_path.parent)])
         Path(spec.run_dir).mkdir(parents=True)
-        env = DistEnv()
-        return _reporter_for(env, spec, job, LogContext(spec.run_id, spec.trace_id, 0)), job, spec
+        return worker_reporter(spec, job, LogContext(spec.run_id, spec.trace_id, 0), True), job, spec
 
     # One trainer, its reporting switched between the two settings: two trainer instances
     # differ by up to +-100 us per step here on their own (an A/A run), memory placement.

@@ -92,7 +92,7 @@ def resume(
     global batch is refused by the workers. The MLflow run continues (``scaletrain.attempts``).
     Refused (RunInUse, exit 2) while another launcher uses the run directory.
     """
-    from scaletrain.launch.resume import RunFinished, prepare_resume
+    from scaletrain.recovery.resume import RunFinished, prepare_resume
 
     started_at = started_at or time.time()
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.api import resolve_job, run
-from scaletrain.faults import FAULT_ENV
+from scaletrain.recovery.faults import FAULT_ENV
 
 __all__ = ["verify_resume"]
 

@@ -18,7 +18,7 @@ import pytest
 
 import scaletrain
 from scaletrain.errors import WorkerFailedError
-from scaletrain.faults import FAULT_ENV
+from scaletrain.recovery.faults import FAULT_ENV
 from tests.helpers.run import REPO, read_metrics, scaletrain_cli
 from tests.helpers.tasks import toy_job
 

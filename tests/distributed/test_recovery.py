@@ -1,6 +1,6 @@
 """Recovery with real faults on 2 gloo workers: kill, hang, preempt, corrupt; same final weights.
 
-Faults come from SCALETRAIN_FAULT (scaletrain/faults.py). Every job here checkpoints every 10
+Faults come from SCALETRAIN_FAULT (scaletrain/recovery/faults.py). Every job here checkpoints every 10
 steps of 40; the reference is the same job without faults (computed once per module).
 """
 
@@ -17,7 +17,7 @@ import pytest
 import scaletrain
 from scaletrain.checkpoint.manifest import Manifest
 from scaletrain.errors import RunPreempted, WorkerFailedError
-from scaletrain.faults import FAULT_ENV
+from scaletrain.recovery.faults import FAULT_ENV
 from tests.helpers.run import REPO, read_metrics, scaletrain_cli
 from tests.helpers.tasks import toy_job
 

@@ -13,7 +13,7 @@ reduction) round every matmul input to 8 bits of mantissa: 2% per step (measured
 import pytest
 
 import scaletrain
-from scaletrain.faults import FAULT_ENV
+from scaletrain.recovery.faults import FAULT_ENV
 from tests.helpers.run import REPO, assert_weights_close, read_metrics, state_bytes_by_rank
 
 pytestmark = pytest.mark.distributed

@@ -15,7 +15,7 @@ import yaml
 
 import scaletrain
 from scaletrain.errors import ConfigError, ScaletrainError, WorkerFailedError
-from scaletrain.faults import FAULT_ENV
+from scaletrain.recovery.faults import FAULT_ENV
 from tests.helpers.run import REPO, scaletrain_cli
 from tests.helpers.tasks import toy_job
 

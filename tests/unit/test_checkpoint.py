@@ -12,7 +12,7 @@ from scaletrain.checkpoint.manifest import FileEntry, Manifest, ManifestError
 from scaletrain.checkpoint.retention import RetentionPolicy, to_delete
 from scaletrain.checkpoint.storage import LocalStorage
 from scaletrain.errors import ConfigError, RunPreempted, ScaletrainError
-from scaletrain.faults import FAULT_ENV, parse_faults
+from scaletrain.recovery.faults import FAULT_ENV, parse_faults
 from tests.helpers.run import read_metrics
 from tests.helpers.tasks import toy_job
 

@@ -9,12 +9,12 @@ import sys
 import textwrap
 import time
 
-from scaletrain.engine.control import grace_s
+from scaletrain.recovery.watchdog import grace_s
 
 HANGS = textwrap.dedent(
     """
     import sys, time
-    from scaletrain.engine.control import Watchdog
+    from scaletrain.recovery.watchdog import Watchdog
     Watchdog(1.0, sys.argv[1]).arm()
     {hang}
     """

@@ -5,101 +5,39 @@ on each: so about four times a second of training, one tiny all-reduce (MAX) tur
 one decision that is the same on every rank. The check interval (in steps) is itself agreed in that
 all-reduce, so all ranks run the collective at the same steps.
 
-The hang watchdog is faulthandler's C thread: if this rank stops re-arming it for
-``hang_timeout_s``, it writes every thread's Python stack to a file, even when the interpreter is
-stuck in a collective or holds the GIL in C code. The process ends a grace period later, by the
-kernel's SIGALRM (no GIL needed either): a hang in one rank leaves its peers waiting in a
-collective, all armed at the same check; were the first to time out to exit at once, the
-launcher would stop the others before they dump, and half the time the hung rank's stacks, the
-ones that matter, would be lost.
+Where the stop request and the watchdog come from (signals, an engine's relay) is recovery's
+business (scaletrain/recovery/); the loop only reads them through the two small protocols below.
 """
 
 from __future__ import annotations
 
-import faulthandler
-import signal
-import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO
+from typing import Protocol
 
 import torch
 
 from scaletrain.distributed import collectives
 
-__all__ = ["StopRequest", "Watchdog", "Control", "Decision", "grace_s"]
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+__all__ = ["Control", "Decision", "StopSource", "ProgressWatch"]
 
 
-class StopRequest:
-    """SIGTERM or SIGUSR1 to this process asks for a clean stop with a checkpoint."""
+class StopSource(Protocol):
+    """Names the signal that asked this rank to stop, or None (recovery.signals.StopRequest)."""
 
-    def __init__(self) -> None:
-        self.signal_name: str | None = None
-
-    def install(self):
-        """Install the handlers (main thread only); returns a function that restores the old ones."""
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        previous = {sig: signal.signal(sig, self._handle) for sig in _STOP_SIGNALS}
-
-        def restore() -> None:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-        return restore
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.signal_name is None:
-            self.signal_name = signal.Signals(signum).name
+    signal_name: str | None
 
 
-class Watchdog:
-    """Dumps every thread's stack to ``stacks_path`` if not re-armed in time, then ends the
-    process ``grace_s(timeout_s)`` later (its peers dump meanwhile)."""
+class ProgressWatch(Protocol):
+    """Told that this rank made progress (recovery.watchdog.Watchdog)."""
 
-    def __init__(self, timeout_s: float, stacks_path: Path, rearm_every_s: float = 0.5):
-        self.timeout_s = timeout_s
-        self.stacks_path = Path(stacks_path)
-        self._rearm_every = rearm_every_s
-        self._file: IO[str] | None = None
-        self._armed_at = 0.0
-        self._alarm = False
+    def arm(self) -> None: ...
 
-    def arm(self) -> None:
-        if self._file is None:
-            self.stacks_path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.stacks_path, "a", encoding="utf-8")
-            # SIGALRM's default action ends the process; a handler someone installed (Python's
-            # would need the GIL) means it might not, so then faulthandler ends it, at once.
-            self._alarm = signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
-        faulthandler.dump_traceback_later(self.timeout_s, exit=not self._alarm, file=self._file)
-        if self._alarm:
-            signal.setitimer(signal.ITIMER_REAL, self.timeout_s + grace_s(self.timeout_s))
-        self._armed_at = time.monotonic()
-
-    def pet(self) -> None:
-        """Re-arm, at most every ``rearm_every_s`` (re-arming starts a C thread)."""
-        if time.monotonic() - self._armed_at >= self._rearm_every:
-            self.arm()
-
-    def close(self) -> None:
-        faulthandler.cancel_dump_traceback_later()
-        if self._alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-            if self.stacks_path.exists() and self.stacks_path.stat().st_size == 0:
-                self.stacks_path.unlink()
+    def pet(self) -> None: ...
 
 
-def grace_s(timeout_s: float) -> float:
-    """From a rank's stack dump to its end: enough for every peer armed at the same check (a
-    collective apart) to dump too."""
-    return min(10.0, max(2.0, 0.25 * timeout_s))
+class _NoStop:
+    signal_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,13 +54,13 @@ class Control:
     def __init__(
         self,
         distributed: bool,
-        stop: StopRequest,
-        watchdog: Watchdog | None,
+        stop: StopSource | None,
+        watchdog: ProgressWatch | None,
         save_every_s: float | None,
         interval_s: float = 0.25,
     ):
         self.distributed = distributed
-        self.stop = stop
+        self.stop = stop if stop is not None else _NoStop()
         self.watchdog = watchdog
         self.save_every_s = save_every_s
         self.interval_s = interval_s

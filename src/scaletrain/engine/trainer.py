@@ -23,7 +23,7 @@ from scaletrain.data.sampler import DataLayout, derive_seed
 from scaletrain.distributed.device import Placement, autocast, seed_rng
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed import collectives
-from scaletrain.engine.control import Control, StopRequest
+from scaletrain.engine.control import Control
 from scaletrain.engine.evaluate import eval_batches, evaluate
 from scaletrain.engine.optim import build_optimizer
 from scaletrain.engine.schedule import LRSchedule, build_scheduler
@@ -82,7 +82,7 @@ class Trainer:
         )
         self.checkpoints = checkpoints
         self.after_step = after_step  # the worker's hook (fault injection in tests)
-        self.control = control or Control(collectives.active(), StopRequest(), None, None)
+        self.control = control or Control(collectives.active(), None, None, None)
         self.device = placement.device
         self.strategy = get_strategy(job.scale.resolved_strategy, job.scale)
 

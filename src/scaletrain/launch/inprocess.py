@@ -6,7 +6,8 @@ from typing import Any
 
 from scaletrain.distributed.env import DistEnv
 from scaletrain.errors import ScaletrainError
-from scaletrain.launch.base import Launcher, checked_result, worker_error
+from scaletrain.launch.base import Launcher, checked_result
+from scaletrain.recovery.root_cause import worker_error
 from scaletrain.rundir import RunSpec
 from scaletrain.launch.worker import run_worker
 

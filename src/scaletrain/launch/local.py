@@ -20,7 +20,8 @@ import psutil
 
 from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.errors import RunInterrupted, StopTimedOut
-from scaletrain.launch.base import Launcher, checked_result, failure_files, worker_error
+from scaletrain.launch.base import Launcher, checked_result
+from scaletrain.recovery.root_cause import failure_files, worker_error
 from scaletrain.launch.rendezvous import Rendezvous
 from scaletrain.launch.rendezvous import register as register_rendezvous
 from scaletrain.rundir import RESTART_COUNT_ENV, RunSpec

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.errors import ConfigError, MissingExtraError, RunInterrupted, ScaletrainError
-from scaletrain.launch.base import Launcher, checked_result, worker_error
+from scaletrain.launch.base import Launcher, checked_result
+from scaletrain.recovery.root_cause import worker_error
 from scaletrain.launch.ray_relay import FORCE_LOCAL_ENV, RunDirRelay, local_dir_for
 from scaletrain.launch.ray_join import (
     CONNECT_TIMEOUT_S,
@@ -333,7 +334,7 @@ class _RemoteConsole:
         except Exception:
             return None
 
-    def on_start(self, total_steps: int, start_step: int) -> None:
+    def on_start(self, total_steps: int | None, start_step: int) -> None:
         self.mailbox.push.remote("start", {"total": total_steps, "start": start_step})
 
     def on_step(self, step: int) -> None:
@@ -553,7 +554,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     import ray
 
     from scaletrain.distributed.env import DistEnv
-    from scaletrain.engine.control import StopRequest
+    from scaletrain.recovery.signals import StopRequest
     from scaletrain.launch.worker import run_worker
 
     spec = RunSpec(**config["spec"])

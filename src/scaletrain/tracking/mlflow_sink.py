@@ -23,7 +23,7 @@ class MlflowReporter(NullReporter):
         self.total_steps = 0
         self.recorded: dict[str, int] = {}
 
-    def on_start(self, total_steps: int, start_step: int) -> None:
+    def on_start(self, total_steps: int | None, start_step: int) -> None:
         self.total_steps = total_steps
         self.recorded = self.journal.last_steps()
 

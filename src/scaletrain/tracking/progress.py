@@ -40,7 +40,7 @@ class ProgressBar(NullReporter):
         self._description = description
         self._task_id = None
 
-    def on_start(self, total_steps: int, start_step: int) -> None:
+    def on_start(self, total_steps: int | None, start_step: int) -> None:
         self._task_id = self._progress.add_task(
             self._description, total=total_steps, completed=start_step, loss="-", speed="-"
         )
@@ -50,11 +50,12 @@ class ProgressBar(NullReporter):
         self._progress.update(self._task_id, completed=step)
 
     def on_train_metrics(self, reports: list[StepReport]) -> None:
-        metrics = reports[-1].metrics
+        metrics = reports[-1].metrics  # any runner's: loss and speed only when it reports them
+        loss, speed = metrics.get("loss"), metrics.get("samples_per_s")
         self._progress.update(
             self._task_id,
-            loss=f"{metrics['loss']:.4f}",
-            speed=f"{metrics['samples_per_s']:,.0f}",
+            loss=f"{loss:.4f}" if loss is not None else "-",
+            speed=f"{speed:,.0f}" if speed is not None else "-",
         )
 
     def on_end(self) -> None:

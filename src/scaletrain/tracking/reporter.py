@@ -24,7 +24,7 @@ class StepReport:
 
 
 class Reporter(Protocol):
-    def on_start(self, total_steps: int, start_step: int) -> None: ...
+    def on_start(self, total_steps: int | None, start_step: int) -> None: ...
 
     def on_step(self, step: int) -> None: ...
 
@@ -39,7 +39,7 @@ class Reporter(Protocol):
 class NullReporter:
     """For ranks other than 0: they compute metrics (collectives need them) but report nothing."""
 
-    def on_start(self, total_steps: int, start_step: int) -> None:
+    def on_start(self, total_steps: int | None, start_step: int) -> None:
         pass
 
     def on_step(self, step: int) -> None:
@@ -59,7 +59,7 @@ class Reporters(NullReporter):
     def __init__(self, *sinks: Reporter):
         self.sinks = sinks
 
-    def on_start(self, total_steps: int, start_step: int) -> None:
+    def on_start(self, total_steps: int | None, start_step: int) -> None:
         for sink in self.sinks:
             sink.on_start(total_steps, start_step)
 
@@ -91,7 +91,7 @@ class MetricsFile(NullReporter):
         self._file: IO[str] | None = None
         self._written: dict[str, int] = {}
 
-    def on_start(self, total_steps: int, start_step: int) -> None:
+    def on_start(self, total_steps: int | None, start_step: int) -> None:
         self.total_steps = total_steps
         self._written = _last_rows(self.path)
         self._file = open(self.path, "a", encoding="utf-8")
@@ -134,7 +134,7 @@ class LogReporter(NullReporter):
         self.every = every
         self.total_steps = 0
 
-    def on_start(self, total_steps: int, start_step: int) -> None:
+    def on_start(self, total_steps: int | None, start_step: int) -> None:
         self.total_steps = total_steps
 
     def on_train_metrics(self, reports: list[StepReport]) -> None:

@@ -1,0 +1,159 @@
+"""The root cause of a failed attempt, for the one line the user sees.
+
+When one rank dies the others fail in a collective; a hung rank's peers wait for it. Each worker
+writes its own error file (recovery/attempts.py) and the watchdog its stacks: from those, this
+module names the rank and the error that started it, never an echo and never a file an earlier
+attempt left behind.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from scaletrain.errors import WorkerFailedError
+from scaletrain.rundir import RunSpec
+
+__all__ = ["worker_error", "failure_files", "FileState"]
+
+# A file's identity: a rewrite (atomic rename: a new inode) or an append changes it.
+FileState = tuple[int, int, int]
+
+
+# When one rank dies the others fail inside a collective; those errors are echoes, not causes.
+_ECHO_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError"}
+_BAD_INPUT_TYPES = {"TaskError", "ConfigError", "PlacementError", "PreflightError"}
+_ECHO_TEXT = ("Connection closed by peer", "Connection reset by peer", "gloo/transport",
+              "ncclRemoteError", "remote process exited")
+# NCCL failures that are causes, not echoes: bad usage (two ranks on one GPU), CUDA errors,
+# version mismatches. They arrive as DistBackendError too.
+_CAUSE_TEXT = ("ncclInvalidUsage", "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
+               "ncclInvalidArgument", "Duplicate GPU", "CUDA error", "out of memory")
+
+
+def failure_files(spec: RunSpec) -> dict[str, FileState]:
+    """The error and stack files in this node's logs now. Taken when workers start (a launch, a
+    restart): those still unchanged at the end are an earlier attempt's, never this one's cause."""
+    found = {}
+    for pattern in ("worker-*.error.json", "worker-*.stacks.txt"):
+        for path in spec.logs_dir.glob(pattern):
+            if (state := _state(path)) is not None:
+                found[str(path)] = state
+    return found
+
+
+def _state(path: Any) -> FileState | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def _earlier(path: Any, earlier: dict[str, FileState]) -> bool:
+    return str(path) in earlier and earlier[str(path)] == _state(path)
+
+
+def _read_error(spec: RunSpec, rank: int, earlier: dict[str, FileState]) -> dict[str, Any] | None:
+    if _earlier(spec.worker_error(rank), earlier):
+        return None
+    try:
+        data = json.loads(spec.worker_error(rank).read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) and "type" in data else None
+    except (OSError, ValueError):
+        return None
+
+
+def _is_echo(error: dict[str, Any]) -> bool:
+    message = str(error.get("message", ""))
+    if any(text in message for text in _CAUSE_TEXT):
+        return False
+    return error["type"] in _ECHO_TYPES or any(text in message for text in _ECHO_TEXT)
+
+
+def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str],
+                 earlier: dict[str, FileState] | None = None) -> WorkerFailedError:
+    """The user-facing error for a failed attempt: the root cause among the failed ranks.
+
+    Each worker writes its own error file; the earliest error that is not a peer's
+    connection dropping wins. A rank that died without writing one (SIGKILL, OOM) is
+    described by ``fallback``. ``earlier``: the error and stack files there were when this
+    attempt's workers started (failure_files); those unchanged since are not its story.
+    """
+    earlier = earlier or {}
+    ranks = sorted(set(ranks) | set(fallback))
+    errors = {rank: e for rank in ranks if (e := _read_error(spec, rank, earlier)) is not None}
+    hung = _hung_ranks(spec, ranks, earlier)
+    if hung and not errors:  # the watchdog ended them: that is the story, not their exit code
+        timeout = spec.job.get("recovery", {}).get("hang_timeout_s")
+        waiting = [r for r in hung if _waits_in_collective(spec.worker_stacks(r))]
+        stuck = [r for r in hung if r not in waiting]
+        peers = f"; rank {', '.join(map(str, waiting))} waited for it in a collective" if stuck and waiting else ""
+        fallback = {  # every rank waiting: the collective itself hung, all are named
+            r: f"made no progress for {timeout:g} s (hang watchdog{peers}); every thread's stack is in "
+            f"{spec.worker_stacks(r)}"
+            for r in stuck or hung
+        }
+    bad_input = False
+    if errors:
+        rank = min(errors, key=lambda r: (_is_echo(errors[r]), errors[r].get("timestamp", 0)))
+        error = errors[rank]
+        bad_input = error["type"] in _BAD_INPUT_TYPES
+        what = f"{error['type']}: {error['message']}" if error.get("message") else error["type"]
+        # A rank killed outright is the cause when all the others merely lost their peer.
+        silent = [r for r in fallback if r not in errors]
+        if _is_echo(error) and silent:
+            rank, what = silent[0], fallback[silent[0]]
+    else:
+        # Several ranks killed outright (the agent SIGKILLs the ones left waiting on a dead
+        # peer): the first to fall silent is the cause.
+        rank = min(fallback, key=lambda r: (_last_heard(spec, r), r)) if fallback else (ranks[0] if ranks else 0)
+        what = fallback.get(rank, "unknown failure")
+    log_path = str(spec.worker_log(rank))
+    steps = [e["steps"] for e in errors.values() if isinstance(e.get("steps"), int)]
+    return WorkerFailedError(
+        f"worker rank {rank} failed: {what} (details: {log_path})",
+        rank=rank,
+        log_path=log_path,
+        bad_input=bad_input,
+        steps=max(steps) if steps else None,
+    )
+
+
+def _last_heard(spec: RunSpec, rank: int) -> float:
+    try:
+        return spec.worker_log(rank).stat().st_mtime
+    except OSError:
+        return float("inf")
+
+
+def _hung_ranks(spec: RunSpec, ranks: Iterable[int], earlier: dict[str, FileState]) -> list[int]:
+    found = []
+    for rank in ranks:
+        path = spec.worker_stacks(rank)
+        state = _state(path)
+        if state is not None and state[2] > 0 and not _earlier(path, earlier):
+            found.append(rank)
+    return found
+
+
+# A thread that trains: the loop, or a runner (the rest are helpers: tracking, checkpoint writers).
+_TRAINING_IN = ("/scaletrain/engine/", "/scaletrain/runners/")
+# Where the training thread of a rank that only waits for a peer is: in a collective (ours, or
+# DDP's and FSDP's inside autograd).
+_WAITING_IN = ("/torch/distributed/", "/torch/autograd/", "/scaletrain/distributed/")
+
+
+def _waits_in_collective(path: Any) -> bool:
+    """Whether the last dump in a stacks file shows the training thread waiting in a collective
+    (then this rank waited for a peer; the peer is the hang)."""
+    try:
+        dump = path.read_text(encoding="utf-8", errors="replace").rsplit("Timeout (", 1)[-1]
+    except OSError:
+        return False
+    for thread in dump.split("\n\n"):
+        frames = [line.strip() for line in thread.splitlines() if line.strip().startswith("File ")]
+        if any(room in frame for frame in frames for room in _TRAINING_IN):
+            return any(part in frames[0] for part in _WAITING_IN)
+    return False

@@ -1,0 +1,65 @@
+"""The hang watchdog: faulthandler's C thread dumps every stack when a rank stops making progress.
+
+If this rank stops re-arming it for ``hang_timeout_s``, it writes every thread's Python stack to a
+file, even when the interpreter is stuck in a collective or holds the GIL in C code. The process
+ends a grace period later, by the kernel's SIGALRM (no GIL needed either): a hang in one rank
+leaves its peers waiting in a collective, all armed at the same check; were the first to time out
+to exit at once, the launcher would stop the others before they dump, and half the time the hung
+rank's stacks, the ones that matter, would be lost.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import signal
+import time
+from pathlib import Path
+from typing import IO
+
+__all__ = ["Watchdog", "grace_s"]
+
+
+class Watchdog:
+    """Dumps every thread's stack to ``stacks_path`` if not re-armed in time, then ends the
+    process ``grace_s(timeout_s)`` later (its peers dump meanwhile)."""
+
+    def __init__(self, timeout_s: float, stacks_path: Path, rearm_every_s: float = 0.5):
+        self.timeout_s = timeout_s
+        self.stacks_path = Path(stacks_path)
+        self._rearm_every = rearm_every_s
+        self._file: IO[str] | None = None
+        self._armed_at = 0.0
+        self._alarm = False
+
+    def arm(self) -> None:
+        if self._file is None:
+            self.stacks_path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.stacks_path, "a", encoding="utf-8")
+            # SIGALRM's default action ends the process; a handler someone installed (Python's
+            # would need the GIL) means it might not, so then faulthandler ends it, at once.
+            self._alarm = signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+        faulthandler.dump_traceback_later(self.timeout_s, exit=not self._alarm, file=self._file)
+        if self._alarm:
+            signal.setitimer(signal.ITIMER_REAL, self.timeout_s + grace_s(self.timeout_s))
+        self._armed_at = time.monotonic()
+
+    def pet(self) -> None:
+        """Re-arm, at most every ``rearm_every_s`` (re-arming starts a C thread)."""
+        if time.monotonic() - self._armed_at >= self._rearm_every:
+            self.arm()
+
+    def close(self) -> None:
+        faulthandler.cancel_dump_traceback_later()
+        if self._alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            if self.stacks_path.exists() and self.stacks_path.stat().st_size == 0:
+                self.stacks_path.unlink()
+
+
+def grace_s(timeout_s: float) -> float:
+    """From a rank's stack dump to its end: enough for every peer armed at the same check (a
+    collective apart) to dump too."""
+    return min(10.0, max(2.0, 0.25 * timeout_s))

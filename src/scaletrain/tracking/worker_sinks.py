@@ -1,0 +1,54 @@
+"""The reporter a worker hands its runner: rank 0 fans each report out to every sink the job
+asks for; every rank keeps its log context's step current."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from scaletrain.config.schema import JobConfig
+from scaletrain.rundir import METRICS_FILE, TRACKING_DIR, RunSpec
+from scaletrain.tracking.logs import LOGGER_NAME, LogContext
+from scaletrain.tracking.mlflow_sink import MlflowReporter
+from scaletrain.tracking.progress import ProgressBar, progress_wanted
+from scaletrain.tracking.reporter import LogReporter, MetricsFile, NullReporter, Reporters
+
+__all__ = ["worker_reporter"]
+
+
+class _StepTracker(NullReporter):
+    """Keeps the log context's step current on every rank."""
+
+    def __init__(self, context: LogContext):
+        self.context = context
+
+    def on_step(self, step: int) -> None:
+        self.context.step = step
+
+
+def worker_reporter(spec: RunSpec, job: JobConfig, context: LogContext, is_main: bool,
+                    console: Any = None) -> Reporters:
+    """``console``: an engine's relay to the user's console (Ray), a sink for rank 0.
+
+    Rank 0 writes metrics.jsonl and JSON log records at the console cadence, draws the progress
+    bar on a terminal, and journals for MLflow (written even while the tracker is unreachable)."""
+    sinks: list[Any] = [_StepTracker(context)]
+    if not is_main:
+        return Reporters(*sinks)
+    if console is not None:
+        sinks.append(console)
+    sinks += [
+        MetricsFile(os.path.join(spec.out_dir, METRICS_FILE), every=job.train.log_every),
+        LogReporter(logging.getLogger(f"{LOGGER_NAME}.metrics"), every=job.train.log_every),
+    ]
+    if progress_wanted():
+        sinks.append(ProgressBar(job.name))
+    if job.tracking.enabled:
+        sinks.append(
+            MlflowReporter(
+                os.path.join(spec.out_dir, TRACKING_DIR),
+                every=job.tracking.log_every_steps or job.train.log_every,
+            )
+        )
+    return Reporters(*sinks)
