@@ -52,3 +52,26 @@ def test_the_workers_of_each_start_learn_which_start_it_is(tmp_path):
         logs.reify(envs)
         seen.append([env[RESTART_COUNT_ENV] for env in envs.values()])
     assert seen == [["0", "0"], ["1", "1"], ["2", "2"]]
+
+
+def test_launchers_are_a_registry_of_engines(tmp_path):
+    import importlib
+
+    from scaletrain.config import parse_job
+    from scaletrain.launch import LAUNCHERS, Launcher, launcher_for, launcher_name
+    from scaletrain.launch.local import LocalLauncher
+    from tests.helpers.tasks import toy_job
+
+    for name, target in LAUNCHERS.items():
+        module, _, cls = target.partition(":")
+        launcher = getattr(importlib.import_module(module), cls)
+        assert issubclass(launcher, Launcher) and launcher.name == name
+    one = parse_job(toy_job(tmp_path))
+    assert launcher_name(one) == "in-process"
+    assert launcher_name(parse_job(toy_job(tmp_path, recovery={"max_restarts": 1}))) == "local"
+    assert launcher_name(one, rendezvous=object()) == "local"  # one node of several
+    assert launcher_name(parse_job(toy_job(tmp_path, scale={"workers": 1, "engine": "ray"}))) == "ray"
+    local = launcher_for(parse_job(toy_job(tmp_path, scale={"workers": 2},
+                                           recovery={"max_restarts": 3, "grace_period_s": 9})))
+    assert isinstance(local, LocalLauncher)
+    assert (local.max_restarts, local.grace_period_s, local.job_workers) == (3, 9, 2)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from scaletrain.launch.ray_relay import RunDirRelay, read_asked, write_relayed
+from scaletrain.launch.ray.relay import RunDirRelay, read_asked, write_relayed
 
 
 class Mailbox:

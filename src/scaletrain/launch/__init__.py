@@ -1,35 +1,36 @@
-"""Engines that start workers. The worker entry point is the same for all of them."""
+"""Engines that start workers, by name. The worker entry point (worker.py) is the same for all
+of them; adding an engine means a Launcher module and a line in LAUNCHERS."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from scaletrain.config.schema import JobConfig
 from scaletrain.launch.base import Launcher
 
-__all__ = ["Launcher", "launcher_for"]
+__all__ = ["Launcher", "LAUNCHERS", "launcher_name", "launcher_for"]
+
+# name -> "module:class", imported only when chosen (Ray only for the ray engine).
+LAUNCHERS: dict[str, str] = {
+    "in-process": "scaletrain.launch.inprocess:InProcessLauncher",
+    "local": "scaletrain.launch.local:LocalLauncher",
+    "ray": "scaletrain.launch.ray:RayLauncher",
+}
+
+
+def launcher_name(job: JobConfig, rendezvous: Any = None) -> str:
+    """The job's engine; one worker runs in-process, unless it must survive its own death
+    (restarts) or is one node of several (``rendezvous``)."""
+    if job.scale.engine == "ray":
+        return "ray"
+    if job.scale.workers == 1 and job.recovery.max_restarts == 0 and rendezvous is None:
+        return "in-process"
+    return "local"
 
 
 def launcher_for(job: JobConfig, rendezvous: Any = None) -> Launcher:
-    """One worker runs in-process, unless it must survive its own death (restarts); more go to
-    the job's engine. The ray engine is used whenever the job asks for it. ``rendezvous``: a job
-    on several nodes, this node's side of it (launch/rendezvous.py)."""
-    if job.scale.engine == "ray":
-        from scaletrain.launch.ray_engine import RayLauncher
-
-        return RayLauncher(
-            address=job.scale.address,
-            max_restarts=job.recovery.max_restarts,
-            cpus_per_worker=job.scale.cpus_per_worker,
-            gpus_per_worker=job.scale.gpus_per_worker,
-            hang_timeout_s=job.recovery.hang_timeout_s,
-            backend=job.scale.backend,
-        )
-    if job.scale.workers == 1 and job.recovery.max_restarts == 0 and rendezvous is None:
-        from scaletrain.launch.inprocess import InProcessLauncher
-
-        return InProcessLauncher()
-    from scaletrain.launch.local import LocalLauncher
-
-    return LocalLauncher(job.recovery.max_restarts, job.recovery.grace_period_s, rendezvous,
-                         job_workers=job.scale.workers)
+    """``rendezvous``: a job on several nodes, this node's side of it (launch/rendezvous.py)."""
+    module, _, name = LAUNCHERS[launcher_name(job, rendezvous)].partition(":")
+    launcher: type[Launcher] = getattr(importlib.import_module(module), name)
+    return launcher.from_job(job, rendezvous)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from scaletrain.config.schema import JobConfig
 from scaletrain.errors import RunPreempted
 from scaletrain.rundir import RunSpec
 
@@ -12,7 +13,13 @@ __all__ = ["Launcher", "checked_result"]
 
 
 class Launcher(ABC):
-    name: str = ""
+    name: str = ""  # its key in launch.LAUNCHERS
+
+    @classmethod
+    def from_job(cls, job: JobConfig, rendezvous: Any = None) -> Launcher:
+        """The launcher for this job's settings (``rendezvous``: this node's side of a job on
+        several nodes)."""
+        return cls()
 
     @abstractmethod
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:

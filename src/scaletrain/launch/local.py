@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from scaletrain.rundir.atomic import write_text_atomic
+from scaletrain.config.schema import JobConfig
 from scaletrain.errors import RunInterrupted, StopTimedOut
 from scaletrain.launch.base import Launcher, checked_result
 from scaletrain.recovery.root_cause import failure_files, worker_error
@@ -46,6 +47,11 @@ class LocalLauncher(Launcher):
         self.grace_period_s = grace_period_s
         self.rendezvous = rendezvous  # several nodes: opened by the caller; else one machine's
         self.job_workers = job_workers  # on all nodes together
+
+    @classmethod
+    def from_job(cls, job: JobConfig, rendezvous: Rendezvous | None = None) -> LocalLauncher:
+        return cls(job.recovery.max_restarts, job.recovery.grace_period_s, rendezvous,
+                   job_workers=job.scale.workers)
 
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
         """Run ``workers`` workers on this machine (this node's share of the job)."""

@@ -106,7 +106,7 @@ def run_search(job_file: str, space_file: str, options: SearchOptions, resume: b
             "job_file": str(Path(job_file).resolve()), "space": [asdict(d) for d in space],
             "options": asdict(options), "search_path": search_path, "finished": False,
         }, indent=2))
-    from scaletrain.launch.ray_engine import import_ray, ray_session
+    from scaletrain.launch.ray.cluster import import_ray, ray_session
 
     ray = import_ray(local_instance=(options.address or os.environ.get("RAY_ADDRESS")) is None)
     parent = _ParentRun(job, directory, options, space)
