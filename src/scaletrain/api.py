@@ -14,7 +14,7 @@ from scaletrain.config.schema import JobConfig
 from scaletrain.errors import RunInterrupted, RunPreempted, ScaletrainError
 from scaletrain.tracking.logs import LAUNCHER_LOGGER_NAME, LogContext, setup_logging
 from scaletrain.tracking.redact import Redactor
-from scaletrain.rundir import JOB_FILE, LOGS_DIR, RUN_CARD_FILE, SUMMARY_FILE, WEIGHTS_FILE
+from scaletrain.rundir import JOB_FILE, LOGS_DIR, RUN_CARD_FILE, SUMMARY_FILE, TRACKING_TAGS_ENV, WEIGHTS_FILE
 
 __all__ = ["run", "resume", "resolve_job", "preflight"]
 
@@ -56,9 +56,9 @@ def run(
     from scaletrain.rundir import RunLock, RunSpec
 
     started_at = started_at or time.time()
-    if tracking_tags is None and os.environ.get("SCALETRAIN_TRACKING_TAGS"):
+    if tracking_tags is None and os.environ.get(TRACKING_TAGS_ENV):
         # A trial of `scaletrain tune`: its run nests under the search's MLflow run.
-        tracking_tags = json.loads(os.environ["SCALETRAIN_TRACKING_TAGS"])
+        tracking_tags = json.loads(os.environ[TRACKING_TAGS_ENV])
     config, job_search_path = resolve_job(job, overrides)
     search_path = job_search_path + [p for p in (search_path or []) if p not in job_search_path]
     rendezvous, run_id, trace = None, None, {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "ScaletrainError",
+    "SearchInterrupted",
     "ConfigError",
     "TaskError",
     "WorkerFailedError",
@@ -77,6 +78,12 @@ class RunInterrupted(ScaletrainError):
     def __init__(self, signal_name: str, signal_number: int):
         self.exit_code = 128 + signal_number
         super().__init__(f"interrupted by {signal_name}; the workers were stopped")
+
+
+class SearchInterrupted(ScaletrainError):
+    """`scaletrain tune` was stopped (Ctrl-C); Tune saved its state and --resume continues it."""
+
+    exit_code = 130
 
 
 class RunPreempted(ScaletrainError):

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scaletrain.rundir import CHECKPOINT_KEY_ENV
+
 __all__ = [
     "MANIFEST_FILE",
     "METADATA_FILE",
@@ -39,7 +41,7 @@ __all__ = [
 MANIFEST_FILE = "manifest.json"
 METADATA_FILE = ".metadata"  # DCP's index of the checkpoint (a pickle)
 TRAINER_STATE_FILE = "trainer.json"
-KEY_ENV = "SCALETRAIN_CHECKPOINT_KEY"
+KEY_ENV = CHECKPOINT_KEY_ENV
 FORMAT_VERSION = 1
 _CHUNK = 4 << 20
 # Every file a checkpoint has: DCP's index, the trainer's state and DCP's __<rank>_<n>.distcp.

@@ -27,12 +27,11 @@ from scaletrain.distributed.stores import (
     wait_listening,
 )
 from scaletrain.errors import ConfigError, ScaletrainError
+from scaletrain.rundir import DRIVER_STORE_ENV, NODE_RANK_ENV
 
 __all__ = ["Rendezvous", "BACKEND", "NODE_RANK_ENV", "parse_endpoint", "for_job", "report_failure"]
 
 BACKEND = "scaletrain"
-NODE_RANK_ENV = "SCALETRAIN_NODE_RANK"  # the launcher's node rank, for its workers
-DRIVER_STORE_ENV = "SCALETRAIN_DRIVER_STORE"  # HOST:PORT of the driver's store, for workers
 _RUN_KEY = "scaletrain/run"
 _FAILED_KEY = "scaletrain/failed/"  # + rank: a failed rank's error, exit and last log lines
 _prepared: dict[str, Rendezvous] = {}  # run id -> the rendezvous its launcher prepared

@@ -20,13 +20,12 @@ import time
 from dataclasses import dataclass
 
 from scaletrain.errors import ConfigError
+# DENY_WRITES_ENV: a worker may not write under this folder (the driver's run directory, which
+# a worker on another machine cannot reach): any attempt raises PermissionError.
+from scaletrain.rundir import DENY_WRITES_ENV, FAULT_ENV
 
 __all__ = ["Fault", "FaultPlan", "FAULT_ENV", "parse_faults", "DENY_WRITES_ENV", "deny_writes"]
 
-FAULT_ENV = "SCALETRAIN_FAULT"
-# Testing: a worker may not write under this folder (the driver's run directory, which a worker
-# on another machine cannot reach): any attempt raises PermissionError.
-DENY_WRITES_ENV = "SCALETRAIN_DENY_WRITES"
 KINDS = ("raise", "sigkill", "sigterm", "sigusr1", "hang", "checkpoint_crash", "checkpoint_stall")
 _DURING_CHECKPOINT = ("checkpoint_crash", "checkpoint_stall")
 

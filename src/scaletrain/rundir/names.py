@@ -7,7 +7,8 @@ __all__ = [
     "SPEC_FILE", "SUMMARY_FILE", "JOB_FILE", "METRICS_FILE", "RUN_CARD_FILE", "WEIGHTS_FILE",
     "LOCK_FILE", "LOGS_DIR", "LAUNCHER_LOG", "NODE_RESULT_FILE", "CHECKPOINTS_DIR", "CHECKPOINT_CACHE_DIR",
     "TRACKING_DIR", "MLFLOW_RUN_FILE", "worker_log_name", "worker_error_name", "worker_stacks_name",
-    "RESTART_COUNT_ENV",
+    "RESTART_COUNT_ENV", "FAULT_ENV", "DENY_WRITES_ENV", "CHECKPOINT_KEY_ENV", "NODE_RANK_ENV",
+    "DRIVER_STORE_ENV", "NODE_DIR_ENV", "RAY_NODE_LOCAL_ENV", "TRACKING_TAGS_ENV", "EXTRA_TAGS_ENV",
 ]
 
 SPEC_FILE = "spec.json"  # what every worker starts from (unredacted, the owner's alone, never uploaded)
@@ -25,9 +26,21 @@ CHECKPOINT_CACHE_DIR = "checkpoint-cache"  # verified local copies of checkpoint
 TRACKING_DIR = "tracking"  # the metric journal, its cursor, MLFLOW_RUN_FILE
 MLFLOW_RUN_FILE = "mlflow_run.json"  # in TRACKING_DIR: the job's MLflow run and its store
 
-# Which start of the workers this is in a launch (0: the first): set by the launcher that starts
-# them, for fault injection's attempts, the console and the summary's restart count.
+# The environment variables scaletrain reads. Set by users:
+CHECKPOINT_KEY_ENV = "SCALETRAIN_CHECKPOINT_KEY"  # HMAC key for checkpoint manifests (a secret)
+NODE_DIR_ENV = "SCALETRAIN_NODE_DIR"  # Ray: where workers on other machines write (default: temp dir)
+# Set by a launcher for its workers:
+# which start of the workers this is in a launch (0: the first), for fault injection's attempts,
+# the console and the summary's restart count;
 RESTART_COUNT_ENV = "SCALETRAIN_RESTART_COUNT"
+NODE_RANK_ENV = "SCALETRAIN_NODE_RANK"  # the launcher's node rank
+DRIVER_STORE_ENV = "SCALETRAIN_DRIVER_STORE"  # HOST:PORT of the driver's store (failures go there)
+TRACKING_TAGS_ENV = "SCALETRAIN_TRACKING_TAGS"  # `tune`: JSON tags for a trial's MLflow run
+EXTRA_TAGS_ENV = "_SCALETRAIN_TRACKING_EXTRA_TAGS"  # the tracking process's tags from its launcher
+# Testing facilities:
+FAULT_ENV = "SCALETRAIN_FAULT"  # recovery/faults.py: kill, hang or stop a chosen rank at a step
+DENY_WRITES_ENV = "SCALETRAIN_DENY_WRITES"  # a folder this worker may not write (another machine's)
+RAY_NODE_LOCAL_ENV = "SCALETRAIN_RAY_NODE_LOCAL"  # every Ray worker writes locally and relays
 
 
 def worker_log_name(rank: int) -> str:

@@ -21,11 +21,10 @@ from typing import Any
 
 from scaletrain.config.schema import JobConfig
 from scaletrain.tracking.redact import redact_url
-from scaletrain.rundir import MLFLOW_RUN_FILE, TRACKING_DIR
+from scaletrain.rundir import EXTRA_TAGS_ENV, MLFLOW_RUN_FILE, TRACKING_DIR
 
 __all__ = ["TrackingSession", "record_run", "recorded_run"]
 
-EXTRA_TAGS_ENV = "_SCALETRAIN_TRACKING_EXTRA_TAGS"
 ARTIFACTS_TIMEOUT_S = 600.0
 
 

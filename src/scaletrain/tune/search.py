@@ -25,11 +25,8 @@ import contextlib
 import json
 import logging
 import os
-import signal
-import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -37,47 +34,17 @@ from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.config import job_to_yaml
 from scaletrain.config.loading import parse_job
 from scaletrain.config.schema import JobConfig
-from scaletrain.errors import ConfigError, ScaletrainError
+from scaletrain.errors import ConfigError, SearchInterrupted
 from scaletrain.tracking.redact import Redactor
+from scaletrain.tracking.search_run import SearchRun
+from scaletrain.tune.options import SearchOptions
 from scaletrain.tune.space import Dimension, load_space
-from scaletrain.rundir import SUMMARY_FILE
+from scaletrain.tune.trial import overrides, trial_class
+from scaletrain.rundir import SUMMARY_FILE, TRACKING_TAGS_ENV
 
-__all__ = ["SearchOptions", "run_search", "TRACKING_TAGS_ENV"]
+__all__ = ["SearchOptions", "run_search", "TRACKING_TAGS_ENV", "SearchInterrupted"]
 
-TRACKING_TAGS_ENV = "SCALETRAIN_TRACKING_TAGS"  # JSON tags for a trial's MLflow run
 log = logging.getLogger("scaletrain_launcher.tune")
-
-
-@dataclass
-class SearchOptions:
-    trials: int = 8
-    max_concurrent: int = 1
-    metric: str = "eval/loss"
-    mode: str = "min"
-    search: str = "random"  # random | optuna
-    scheduler: str = "asha"  # asha | none
-    max_failures: int = 2  # Tune retries of a failed trial (each resumes from its checkpoint)
-    address: str | None = None
-    overrides: list[str] = field(default_factory=list)
-
-    def check(self, space: list[Dimension]) -> None:
-        problems = []
-        if self.trials < 1:
-            problems.append(f"--trials must be at least 1, got {self.trials}")
-        if self.max_concurrent < 1:
-            problems.append(f"--max-concurrent must be at least 1, got {self.max_concurrent}")
-        if self.mode not in ("min", "max"):
-            problems.append(f"--mode must be min or max, got {self.mode!r}")
-        if self.search not in ("random", "optuna"):
-            problems.append(f"--search must be random or optuna, got {self.search!r}")
-        if self.scheduler not in ("asha", "none"):
-            problems.append(f"--scheduler must be asha or none, got {self.scheduler!r}")
-        if "/" not in self.metric or self.metric.split("/", 1)[0] not in ("train", "eval"):
-            problems.append(f"--metric names a train/ or eval/ metric, e.g. eval/loss; got {self.metric!r}")
-        if self.search == "optuna" and any(d.kind == "grid" for d in space):
-            problems.append("grid rules need --search random (Optuna samples; it does not enumerate)")
-        if problems:
-            raise ConfigError(problems)
 
 
 def search_root(job: JobConfig) -> Path:
@@ -109,7 +76,12 @@ def run_search(job_file: str, space_file: str, options: SearchOptions, resume: b
     from scaletrain.launch.ray.cluster import import_ray, ray_session
 
     ray = import_ray(local_instance=(options.address or os.environ.get("RAY_ADDRESS")) is None)
-    parent = _ParentRun(job, directory, options, space)
+    parent = SearchRun(job, directory, {
+        "metric": options.metric, "mode": options.mode, "trials": options.trials,
+        "max_concurrent": options.max_concurrent, "search": options.search,
+        "scheduler": options.scheduler,
+        "space": json.dumps({d.key: {d.kind: list(d.values)} for d in space}),
+    })
     # Tune prints its own progress tables; ours is the table at the end (and --json stays one object).
     with ray_session(ray, options.address, directory / "logs", redactor=redactor), \
             open(directory / "logs" / "tune-console.log", "a", encoding="utf-8") as tune_console, \
@@ -128,7 +100,7 @@ def run_search(job_file: str, space_file: str, options: SearchOptions, resume: b
     summary = {"search_dir": str(directory), "metric": options.metric, "mode": options.mode,
                "trials": rows, "best": best, "mlflow_parent_run_id": parent.run_id}
     if best is not None:
-        best_job = parse_job(job.model_dump(mode="json"), _overrides(best["config"]))
+        best_job = parse_job(job.model_dump(mode="json"), overrides(best["config"]))
         write_text_atomic(directory / "best_job.yaml", _redacted_yaml(best_job, redactor))
         summary["best_job"] = str(directory / "best_job.yaml")
     summary = redactor.value("", summary)
@@ -142,10 +114,6 @@ def run_search(job_file: str, space_file: str, options: SearchOptions, resume: b
 def _redacted_yaml(job: JobConfig, redactor: Redactor) -> str:
     """The job as YAML with its secret values masked (what the run directory's job.yaml is)."""
     return job_to_yaml(JobConfig.model_validate(redactor.value("", job.model_dump(mode="json"))))
-
-
-class SearchInterrupted(ScaletrainError):
-    exit_code = 130
 
 
 def _expected_trials(space: list[Dimension], options: SearchOptions) -> int:
@@ -194,7 +162,7 @@ def _tune(ray: Any, job: JobConfig, space: list[Dimension], options: SearchOptio
 
     storage = str(directory / "ray")
     trainable = tune.with_resources(tune.with_parameters(
-        _trial_class(), job=job.model_dump(mode="json"), directory=str(directory),
+        trial_class(), job=job.model_dump(mode="json"), directory=str(directory),
         metric=options.metric, parent_run_id=parent_run_id, search_path=search_path,
         grace_s=job.recovery.grace_period_s,
     ), _trial_resources(ray, job))
@@ -250,177 +218,6 @@ def _reports_per_trial(job: JobConfig, metric: str) -> int:
     return steps // every + (1 if steps % every else 0)
 
 
-def _overrides(config: dict[str, Any]) -> list[str]:
-    return [f"{key}={json.dumps(value)}" for key, value in config.items()]
-
-
-def _trial_class():
-    """The Tune trainable (a class: Tune calls its cleanup before it ends the actor, which
-    lets a stopped trial's job checkpoint before the actor and its children are gone)."""
-    from ray import tune
-
-    class ScaletrainTrial(tune.Trainable):
-        def setup(self, config: dict[str, Any], job: dict, directory: str, metric: str,
-                  parent_run_id: str | None, search_path: list[str], grace_s: float) -> None:
-            self.metric, self.grace_s = metric, grace_s
-            self.split, self.key = metric.split("/", 1)
-            self.redactor = Redactor.for_config(job)
-            self.proc, self.trial_dir, self.runs = _start_trial_job(
-                self.trial_id, config, job, Path(directory), parent_run_id, search_path
-            )
-            self.final_step = parse_job(job, _overrides(config)).train.max_steps
-            self.reported = 0
-            self.last: dict[str, Any] = {}
-
-        def step(self) -> dict[str, Any]:
-            """The job's next value of the metric, as it writes it. The last evaluation is
-            reported once the job has finished (a scheduler ends a trial at its last report)."""
-            while True:
-                finished = self.proc.poll() is not None
-                rows = _metric_rows(self.runs, self.split, self.key)
-                if len(rows) > self.reported:
-                    step, value = rows[self.reported]
-                    if step != self.final_step or finished:
-                        self.reported += 1
-                        self.last = {self.metric: value, "step": step}
-                        return {**self.last, "done": finished and self.reported == len(rows)}
-                if finished:
-                    self._raise_if_failed()
-                    return {**self.last, "done": True}
-                time.sleep(0.2)
-
-        def _raise_if_failed(self) -> None:
-            if self.proc.returncode not in (0, None):
-                error = _trial_error(self.trial_dir, self.proc.returncode)
-                console = self.trial_dir / "console.log"
-                raise RuntimeError(self.redactor.text(f"trial job failed: {error} (console: {console})"))
-
-        def save_checkpoint(self, checkpoint_dir: str) -> None:
-            """The trial's state is its job's own verified checkpoints; Tune keeps a pointer."""
-            runs = sorted(str(p.parent) for p in self.runs.glob("*/*/spec.json"))
-            write_text_atomic(Path(checkpoint_dir, "scaletrain_run.json"),
-                              json.dumps({"run_dir": runs[-1] if runs else None, "reported": self.reported}))
-
-        def load_checkpoint(self, checkpoint_dir: str) -> None:
-            """Nothing to load: setup() resumes the trial's job from its run directory."""
-
-        def cleanup(self) -> None:
-            """Stopped early (a scheduler's decision, the search ending): the job stops at a
-            checkpoint, as on preemption, before this actor goes."""
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(self.grace_s)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-
-    return ScaletrainTrial
-
-
-def _start_trial_job(trial_id: str, config: dict[str, Any], job: dict, directory: Path,
-                     parent_run_id: str | None, search_path: list[str]):
-    """``scaletrain run`` of the trial's job, or ``scaletrain resume`` of it when Tune retries a
-    failed trial (from its newest verified checkpoint). Its output goes to files, never to a
-    pipe: a task that prints more than a pipe holds would block on it for good."""
-    trial_dir = directory / "trials" / trial_id
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    runs = trial_dir / "runs"
-    existing = sorted(runs.glob("*/*/spec.json"))
-    if existing:
-        command = ["resume", str(existing[-1].parent), "--json"]
-    else:
-        job_file = trial_dir / "job.yaml"  # what the trial runs, secrets included: mode 0600
-        write_text_atomic(job_file, json.dumps({**job, "run_dir": str(runs)}))
-        command = ["run", str(job_file), "--json"]
-        for item in _overrides(config):
-            command += ["--set", item]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([*search_path, os.environ.get("PYTHONPATH", "")]),
-        TRACKING_TAGS_ENV: json.dumps({
-            **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {}),
-            "scaletrain.tune.trial": trial_id,
-            "scaletrain.tune.search": directory.name,
-        }),
-    }
-    gpus = _actor_gpus()
-    if gpus is not None:  # the trial's job sees the GPUs Ray gave this trial, no others
-        env["CUDA_VISIBLE_DEVICES"] = gpus
-    # The child holds its own copies of these files; ours close when Popen has started it.
-    with _private_append(trial_dir / "stdout.log") as stdout, \
-            _private_append(trial_dir / "console.log") as console:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "scaletrain", *command], stdout=stdout, stderr=console,
-            env=env, cwd=search_path[0] if search_path else None, preexec_fn=_stop_with_parent,
-        )
-    return proc, trial_dir, runs
-
-
-def _private_append(path: Path):
-    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
-
-
-def _trial_error(trial_dir: Path, returncode: int) -> str:
-    """Why a trial's job failed: the ``error`` of the outcome it printed last (``--json``)."""
-    path = trial_dir / "stdout.log"
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, path.stat().st_size - 65536))
-            tail = handle.read().decode("utf-8", "replace")
-    except OSError:
-        tail = ""
-    return _last_json(tail).get("error") or f"scaletrain exited with {returncode}"
-
-
-def _actor_gpus() -> str | None:
-    import ray
-
-    if not ray.is_initialized():  # not in a Tune actor; get_gpu_ids() would start an instance
-        return None
-    try:
-        ids = ray.get_gpu_ids()
-    except Exception:
-        return None
-    return ",".join(str(i) for i in ids) if ids else None
-
-
-def _stop_with_parent() -> None:
-    """In the child: SIGTERM (a clean stop at a checkpoint) if the trial's process dies first."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _metric_rows(runs: Path, split: str, key: str) -> list[tuple[int, float]]:
-    files = sorted(runs.glob("*/*/metrics.jsonl"))
-    if not files:
-        return []
-    rows = []
-    for line in files[-1].read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # the line being written
-        if row.get("split") == split and key in row:
-            rows.append((int(row["step"]), float(row[key])))
-    return rows
-
-
-def _last_json(text: str) -> dict[str, Any]:
-    for line in reversed(text.strip().splitlines()):
-        try:
-            found = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(found, dict):
-            return found
-    return {}
-
-
 def _wait_for_stopped_trials(directory: Path, timeout_s: float) -> None:
     """Trials the scheduler stopped are still writing their checkpoint and summary (their job
     got SIGTERM, as in a preemption): wait for them, within ``timeout_s``."""
@@ -463,75 +260,3 @@ def _best(rows: list[dict[str, Any]], options: SearchOptions) -> dict[str, Any] 
         return None
     pick = min if options.mode == "min" else max
     return pick(done, key=lambda r: r["metric"])
-
-
-class _ParentRun:
-    """The search's MLflow run; the trials' runs nest under it."""
-
-    def __init__(self, job: JobConfig, directory: Path, options: SearchOptions, space: list[Dimension]):
-        self.run_id: str | None = None
-        self.client = None
-        if not job.tracking.enabled:
-            return
-        try:
-            from mlflow import MlflowClient
-
-            from scaletrain.tracking.mlflow_run import experiment_for, resolve_tracking_uri
-            from scaletrain.tracking.sender import configure_mlflow_client
-
-            configure_mlflow_client()
-            uri = resolve_tracking_uri(job)
-            self.client = MlflowClient(tracking_uri=uri)
-            experiment_id = experiment_for(self.client, uri, job.tracking.experiment or job.name)
-            state = directory / "mlflow_parent_run.txt"
-            if state.exists():  # --resume: the same parent run
-                self.run_id = state.read_text(encoding="utf-8").strip()
-                self.client.update_run(self.run_id, status="RUNNING")
-                return
-            run = self.client.create_run(experiment_id, run_name=f"tune {directory.name}", tags={
-                "scaletrain.tune": "search", "scaletrain.tune.search": directory.name,
-            })
-            self.run_id = run.info.run_id
-            write_text_atomic(state, self.run_id)
-            self.client.log_batch(self.run_id, params=[
-                _param(k, v) for k, v in {
-                    "metric": options.metric, "mode": options.mode, "trials": options.trials,
-                    "max_concurrent": options.max_concurrent, "search": options.search,
-                    "scheduler": options.scheduler,
-                    "space": json.dumps({d.key: {d.kind: list(d.values)} for d in space}),
-                }.items()
-            ])
-        except Exception as exc:
-            log.warning("no MLflow parent run for this search (%s: %s); the trials are tracked alone",
-                        type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
-            self.run_id = None
-
-    def interrupted(self) -> None:
-        if self.client is not None and self.run_id is not None:
-            try:
-                self.client.set_terminated(self.run_id, "KILLED")
-            except Exception:
-                pass
-
-    def finish(self, best: dict[str, Any] | None, rows: list[dict[str, Any]], metric: str) -> None:
-        if self.client is None or self.run_id is None:
-            return
-        try:
-            if best is not None:
-                self.client.set_tag(self.run_id, "scaletrain.tune.best_trial", best["trial"])
-                if best.get("mlflow_run_id"):
-                    self.client.set_tag(self.run_id, "scaletrain.tune.best_run_id", best["mlflow_run_id"])
-                    self.client.set_tag(best["mlflow_run_id"], "scaletrain.tune.best", "true")
-                self.client.log_metric(self.run_id, f"best/{metric}", best["metric"])
-            for status in ("finished", "pruned", "failed"):
-                self.client.log_metric(self.run_id, f"trials_{status}", sum(r["status"] == status for r in rows))
-            self.client.set_terminated(self.run_id, "FINISHED")
-        except Exception as exc:
-            log.warning("could not finish the MLflow parent run: %s", exc)
-
-
-def _param(key: str, value: Any):
-    from mlflow.entities import Param
-
-    return Param(key, str(value)[:6000])
-

@@ -20,14 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 from scaletrain.rundir import (
-    LOGS_DIR, METRICS_FILE, RUN_CARD_FILE, TRACKING_DIR, WEIGHTS_FILE, worker_error_name,
+    LOGS_DIR, METRICS_FILE, NODE_DIR_ENV, RAY_NODE_LOCAL_ENV, RUN_CARD_FILE, TRACKING_DIR, WEIGHTS_FILE, worker_error_name,
     worker_log_name, worker_stacks_name,
 )
 
 __all__ = ["RunDirRelay", "write_relayed", "read_asked", "local_dir_for", "NODE_DIR_ENV", "FORCE_LOCAL_ENV"]
 
-NODE_DIR_ENV = "SCALETRAIN_NODE_DIR"  # where workers on other machines write (default: the temp dir)
-FORCE_LOCAL_ENV = "SCALETRAIN_RAY_NODE_LOCAL"  # testing: every Ray worker writes locally and relays
+FORCE_LOCAL_ENV = RAY_NODE_LOCAL_ENV  # testing: every Ray worker writes locally and relays
 CHUNK = 8 << 20  # bytes per mailbox call
 BACKLOG = 256 << 20  # the sender waits while the driver has this much left to write
 _RELAYED = re.compile(
