@@ -67,7 +67,8 @@ def critical_path(job_file: str, blocks: int) -> dict:
     from scaletrain.config.loading import load_job
     from scaletrain.distributed.device import choose_placement
     from scaletrain.distributed.env import DistEnv
-    from scaletrain.engine.trainer import Trainer, TrainResult, _Window
+    from scaletrain.engine.metrics import MetricsWindow
+    from scaletrain.engine.trainer import Trainer, TrainResult
     from scaletrain.rundir import RunSpec
     from scaletrain.tracking.worker_sinks import worker_reporter
     from scaletrain.data.loader import train_loader
@@ -103,7 +104,7 @@ def critical_path(job_file: str, blocks: int) -> dict:
     settings = {"off": (off_reporter, off_job.train.log_every), "every step": (on_reporter, shared.report_every)}
     for reporter, _ in settings.values():
         reporter.on_start(shared.max_steps, 0)
-    shared.bench_window, shared.bench_result = _Window(time.perf_counter(), 0), TrainResult(steps=0)
+    shared.bench_window, shared.bench_result = MetricsWindow(time.perf_counter(), 0), TrainResult(steps=0)
 
     def block(setting: str) -> tuple[float, float]:
         """The loop of Trainer.fit, for BLOCK_STEPS steps; wall and CPU seconds per step."""

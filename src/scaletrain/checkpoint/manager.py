@@ -366,8 +366,7 @@ class CheckpointManager:
             found[name] = manifest
         return found
 
-    def restore_latest(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                       only: str | None = None) -> Restored | None:
+    def restore_latest(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Restored | None:
         """Load the newest checkpoint that verifies (every rank calls it); None when there is none.
 
         Rank 0 picks and verifies (hashes, HMAC, DCP's index); the choice and its manifest are
@@ -375,7 +374,7 @@ class CheckpointManager:
         verifies it against that manifest into its machine's cache (no machine reads another's
         disk); then every rank loads its part through DCP.
         """
-        choice = self._pick_verified(only) if self.rank == 0 else None
+        choice = self._pick_verified() if self.rank == 0 else None
         choice = collectives.broadcast_object(choice, 0, self.group)
         if choice is None:
             return None
@@ -410,18 +409,16 @@ class CheckpointManager:
             raise CheckpointError(next(e for e in errors if e))
         return str(cache / choice.name)
 
-    def _pick_verified(self, only: str | None) -> _Choice | None:
+    def _pick_verified(self) -> _Choice | None:
         """Rank 0: the newest checkpoint whose files match its manifest, falling back past a
         damaged one with a warning; a refused one (tampered, or failing the HMAC) stops it."""
-        for name in [only] if only else list(reversed(self.storage.names())):
+        for name in reversed(self.storage.names()):
             where = self.storage.describe(name)
             try:
                 manifest = self.storage.read_manifest(name)
             except CheckpointRefused as exc:
                 return _Choice(name, error=f"checkpoint {where} refused: {exc}")
             except ManifestError:  # an unfinished save: not a checkpoint
-                if only:
-                    return _Choice(name, error=f"checkpoint {where} has no valid manifest")
                 continue
             try:
                 local = self.storage.local_copy(name, manifest, self.scratch_dir / CHECKPOINT_CACHE_DIR)
@@ -430,10 +427,7 @@ class CheckpointManager:
             except CheckpointRefused as exc:
                 return _Choice(name, error=f"checkpoint {where} refused: {exc}")
             except (ManifestError, OSError) as exc:
-                log.warning("checkpoint %s failed verification (%s); %s", where, exc,
-                            "cannot resume from it" if only else "using the previous one")
-                if only:
-                    return _Choice(name, error=f"checkpoint {where} failed verification: {exc}")
+                log.warning("checkpoint %s failed verification (%s); using the previous one", where, exc)
                 continue
             if manifest.signed_but_unchecked:
                 log.warning("checkpoint %s carries an HMAC, but %s is not set: its integrity is "

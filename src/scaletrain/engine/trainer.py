@@ -4,8 +4,6 @@ clip, step the optimizer and the schedule, report, evaluate."""
 from __future__ import annotations
 
 import logging
-import math
-import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -16,15 +14,19 @@ import torch
 from torch.utils._pytree import tree_map
 
 from scaletrain.checkpoint.location import accumulation_for, global_batch
-from scaletrain.checkpoint.manager import CheckpointError, CheckpointManager
+from scaletrain.checkpoint.manager import CheckpointManager
 from scaletrain.config.schema import JobConfig
 from scaletrain.data.loader import eval_loader, train_loader
 from scaletrain.data.sampler import DataLayout, derive_seed
 from scaletrain.distributed.device import Placement, autocast, seed_rng
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed import collectives
-from scaletrain.engine.control import Control
+from scaletrain.engine.checkpointing import Checkpointer
+from scaletrain.engine.control import Control, Decision
 from scaletrain.engine.evaluate import eval_batches, evaluate
+from scaletrain.engine.metrics import (
+    MetricsWindow, StepOutput, TrainingDiverged, mean_loss, mean_metrics, step_time_summary,
+)
 from scaletrain.engine.optim import build_optimizer
 from scaletrain.engine.schedule import LRSchedule, build_scheduler
 from scaletrain.engine.weights import state_dict_sha256
@@ -33,16 +35,12 @@ from scaletrain.engine.state_bytes import measure_state_bytes
 from scaletrain.strategies import get_strategy
 from scaletrain.strategies.activation_checkpoint import checkpoint_blocks
 from scaletrain.strategies.blocks import find_blocks
-from scaletrain.task import split_loss_output
-from scaletrain.tracking.reporter import Reporter, StepReport
+from scaletrain.task import TaskProtocol, split_loss_output
+from scaletrain.tracking.reporter import Reporter
 
 __all__ = ["Trainer", "TrainResult", "TrainingDiverged"]
 
 log = logging.getLogger("scaletrain.engine")
-
-
-class TrainingDiverged(ScaletrainError):
-    """The loss became NaN or infinite."""
 
 
 @dataclass
@@ -69,7 +67,7 @@ class Trainer:
     def __init__(
         self,
         job: JobConfig,
-        task: Any,
+        task: TaskProtocol,
         env: DistEnv,
         placement: Placement,
         reporter: Reporter,
@@ -120,6 +118,7 @@ class Trainer:
                 "lower data.batch_size or train.grad_accum"
             )
         self.max_steps = job.train.max_steps or job.train.epochs * self.layout.steps_per_epoch
+        self.checkpointer = Checkpointer(checkpoints, job, self.layout) if checkpoints is not None else None
         self.scheduler = build_scheduler(
             self.optimizer,
             LRSchedule(
@@ -155,7 +154,7 @@ class Trainer:
         result = TrainResult(steps=self.step, resumed_from_step=self.resumed_from_step,
                              strategy=self.job.scale.resolved_strategy)
         self.reporter.on_start(total_steps=self.max_steps, start_step=self.step)
-        window = _Window(time.perf_counter(), self.step)
+        window = MetricsWindow(time.perf_counter(), self.step)
         recent: deque[float] = deque(maxlen=_STEP_TIMES_KEPT)
         self.model.train()
         if self.device.type == "cuda":  # training's peak, not building or restoring's
@@ -168,7 +167,7 @@ class Trainer:
             window.add(step_out, self.step)
             if result.first_step_at is None:
                 result.first_step_at = time.time()
-            if self._between_steps(window, result):
+            if self._between_steps(window, result).stop:
                 break
         if window.pending:
             result.train = self._report_train(window)
@@ -184,16 +183,16 @@ class Trainer:
             self.checkpoints.close()
             result.last_checkpoint_step = self.checkpoints.last_saved_step
         result.steps = self.step
-        result.step_time = _step_time_summary(recent)
+        result.step_time = step_time_summary(recent)
         # Collective for sharded strategies: every rank takes part, rank 0 gets the weights.
         self.final_state = self.strategy.full_state_dict(self.model)
         result.weights_sha256 = state_dict_sha256(self.final_state) if self.env.is_main else ""
         self.reporter.on_end()
         return result
 
-    def _between_steps(self, window: _Window, result: TrainResult) -> bool:
+    def _between_steps(self, window: MetricsWindow, result: TrainResult) -> Decision:
         """Report, evaluate, agree with the other ranks on stopping or saving, checkpoint.
-        Returns True when every rank stops here (preemption)."""
+        Returns what the ranks agreed (``stop``: every rank stops here, preemption)."""
         every_eval = self.job.train.eval_every
         eval_due = self.eval_set is not None and every_eval and self.step % every_eval == 0
         # Values of due steps stay on the device; one all-reduce and one host copy report
@@ -218,28 +217,16 @@ class Trainer:
             result.preempted = decision.stop
             if self.env.is_main:
                 log.warning("stopping at step %d on %s; saving a checkpoint", self.step, decision.stop)
-            return True
+            return decision
         # The last step's checkpoint is written after the final evaluation.
         if self.checkpoints and self.step < self.max_steps and (decision.save or self._save_due()):
             self.save_checkpoint()
-        return False
+        return decision
 
     def _save_due(self) -> bool:
-        every = self.job.checkpoint.every_steps
-        return bool(self.checkpoints and every and self.step % every == 0)
+        return self.checkpointer is not None and self.checkpointer.due(self.step)
 
     # ------------------------------------------------------------------ checkpoints
-
-    def trainer_state(self) -> dict[str, Any]:
-        scheduler = self.scheduler.state_dict()
-        scheduler["lr_lambdas"] = [None] * len(scheduler["lr_lambdas"])  # rebuilt from the job
-        return {
-            "step": self.step,
-            "epoch": self.step // self.layout.steps_per_epoch,
-            "samples": self.step * self.layout.global_batch,
-            "global_batch": self.layout.global_batch,
-            "scheduler": scheduler,
-        }
 
     def _pet_watchdog(self) -> None:
         if self.control.watchdog is not None:
@@ -249,35 +236,19 @@ class Trainer:
         self._pet_watchdog()
         # The manifest records the metrics of this very step (for keep_best), nothing older.
         metrics = {k: v for k, (step, v) in self.last_metrics.items() if step == self.step}
-        self.checkpoints.save(self.step, self.model, self.optimizer, self.trainer_state(), metrics)
+        self.checkpointer.save(self.step, self.model, self.optimizer, self.scheduler, metrics)
         self.control.saved()
 
-    def restore(self, only: str | None = None) -> int | None:
-        """Resume from the newest verified checkpoint (or the one named ``only``); the step."""
-        if self.checkpoints is None:
+    def restore(self) -> int | None:
+        """Resume from the newest verified checkpoint; the step, or None when there is none."""
+        if self.checkpointer is None:
             return None
-        restored = self.checkpoints.restore_latest(self.model, self.optimizer, only)
-        if restored is None:
-            return None
-        state = restored.trainer_state
-        if state.get("global_batch") != self.layout.global_batch:
-            raise CheckpointError(
-                f"checkpoint {restored.name} was trained with a global batch of "
-                f"{state.get('global_batch')} samples, this job has {self.layout.global_batch}; "
-                "set data.batch_size x scale.workers x train.grad_accum to match, so the resumed "
-                "run reads the same batches"
-            )
-        expected = self.checkpoints.identity.get("config_hash")
-        if state.get("config_hash") and state["config_hash"] != expected:
-            log.warning(
-                "checkpoint %s was written by a different job configuration (config hash %s, "
-                "this job %s): resuming anyway", restored.name, state["config_hash"], expected,
-            )
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step = self.resumed_from_step = restored.step
-        return restored.step
+        restored = self.checkpointer.restore(self.model, self.optimizer, self.scheduler)
+        if restored is not None:
+            self.step = self.resumed_from_step = restored
+        return restored
 
-    def train_step(self, batches: Any, report: bool) -> _StepOutput:
+    def train_step(self, batches: Any, report: bool) -> StepOutput:
         accum = self.accum
         # Losses and metrics are kept only on reporting steps: no extra tensor ops otherwise.
         losses: list[torch.Tensor] = []
@@ -319,9 +290,9 @@ class Trainer:
                 extra["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
             log.info("model state bytes", extra=extra)
         self.optimizer.zero_grad(set_to_none=True)
-        return _StepOutput(
-            loss=_mean_loss(losses) if report else None,
-            metrics=_mean_metrics(metric_rows, self.device) if report else {},
+        return StepOutput(
+            loss=mean_loss(losses) if report else None,
+            metrics=mean_metrics(metric_rows, self.device) if report else {},
             grad_norm=grad_norm,
             lr=lr,
             data_wait=data_wait,
@@ -362,45 +333,10 @@ class Trainer:
     def _due_now(self, every: int) -> bool:
         return self.step % every == 0 or self.step == self.max_steps or self.step == 1
 
-    def _report_train(self, window: _Window) -> dict[str, float]:
-        """Report every pending step; returns the last one's metrics.
-
-        One all-reduce packs the loss and every metric of every pending step: the mean over all
-        ranks. Gradient norms are the same on every rank after the gradient all-reduce."""
-        pending, window.pending = window.pending, []
-        names = sorted(pending[0].out.metrics)
-        width = 1 + len(names)
-        values = collectives.all_reduce(
-            torch.stack([v for p in pending for v in (p.out.loss, *(p.out.metrics[n] for n in names))])
-            .float()
-            .view(len(pending), width),
-            "mean",
-        ).tolist()
-        norms = None
-        if pending[0].out.grad_norm is not None:
-            norms = torch.stack([p.out.grad_norm for p in pending]).float().tolist()
-        reports: list[StepReport] = []
-        for index, p in enumerate(pending):
-            loss = values[index][0]
-            if not math.isfinite(loss):
-                raise TrainingDiverged(
-                    f"the loss became {loss} at step {p.step}; lower optim.lr, add warmup "
-                    "(optim.warmup_steps) or set train.clip_grad_norm"
-                )
-            steps = p.step - window.start_step
-            elapsed = p.ended - window.started
-            metrics = {"loss": loss, **dict(zip(names, values[index][1:]))}
-            metrics["lr"] = p.out.lr
-            if norms is not None:
-                metrics["grad_norm"] = norms[index]
-            metrics["step_time_s"] = elapsed / steps
-            metrics["samples_per_s"] = steps * self.layout.global_batch / elapsed
-            metrics["data_wait_s"] = (p.data_wait - window.data_wait_at_start) / steps
-            window.started, window.start_step, window.data_wait_at_start = p.ended, p.step, p.data_wait
-            reports.append(StepReport(p.step, metrics, p.wall_time))
-        last = reports[-1]
+    def _report_train(self, window: MetricsWindow) -> dict[str, float]:
+        """Report every pending step; returns the last one's metrics."""
+        last = window.report(self.reporter, self.layout.global_batch)[-1]
         self.last_metrics.update({f"train/{k}": (last.step, v) for k, v in last.metrics.items()})
-        self.reporter.on_train_metrics(reports)
         return last.metrics
 
     def _to_device(self, batch: Any) -> Any:
@@ -433,71 +369,3 @@ def _accumulation(job: JobConfig, env: DistEnv) -> int:
             job.train.grad_accum, global_batch(job),
         )
     return accum
-
-
-def _step_time_summary(times: deque[float]) -> dict[str, float]:
-    if not times:
-        return {}
-    ordered = sorted(times)
-    return {"median_s": statistics.median(ordered), "p90_s": ordered[int(0.9 * (len(ordered) - 1))],
-            "steps": len(ordered)}
-
-
-def _mean_loss(losses: list[torch.Tensor]) -> torch.Tensor:
-    """The loss of one step: the mean over its micro-steps (no extra op for just one)."""
-    return losses[0] if len(losses) == 1 else torch.stack(losses).float().mean()
-
-
-def _mean_metrics(rows: list[dict[str, Any]], device: torch.device) -> dict[str, torch.Tensor]:
-    """Per-metric mean over the micro-steps of one step."""
-    if len(rows) == 1:  # no extra ops for a scalar tensor, the common case
-        return {
-            name: value.detach().to(device, non_blocking=True)
-            if isinstance(value, torch.Tensor) and value.dim() == 0
-            else torch.as_tensor(value, device=device).detach().float().mean()
-            for name, value in rows[0].items()
-        }
-    return {
-        name: torch.stack(
-            [torch.as_tensor(row[name], device=device).detach().float() for row in rows]
-        ).mean()
-        for name in rows[0]
-    }
-
-
-@dataclass
-class _StepOutput:
-    loss: torch.Tensor | None
-    metrics: dict[str, torch.Tensor]
-    grad_norm: torch.Tensor | None
-    lr: float
-    data_wait: float
-    report: bool
-
-
-@dataclass
-class _Pending:
-    """A step whose values wait on the device to be reported."""
-
-    step: int
-    out: _StepOutput
-    ended: float  # perf_counter when the step ended
-    wall_time: float  # time.time() then, for the tracker
-    data_wait: float  # seconds waited for data since the loop started, up to this step
-
-
-@dataclass
-class _Window:
-    """Timing since the last reported step (samples/s is averaged over it), and the steps whose
-    values wait on the device to be reported."""
-
-    started: float
-    start_step: int
-    data_wait: float = 0.0  # seconds waited for data since the loop started
-    data_wait_at_start: float = 0.0
-    pending: list[_Pending] = field(default_factory=list)
-
-    def add(self, out: _StepOutput, step: int) -> None:
-        self.data_wait += out.data_wait
-        if out.report:
-            self.pending.append(_Pending(step, out, time.perf_counter(), time.time(), self.data_wait))

@@ -1,0 +1,69 @@
+"""The Trainer's side of checkpoints: what one holds beside the model and optimizer (step, data
+position, LR schedule), when one is due by steps, and a restore that refuses a checkpoint
+trained with another global batch (the resumed run would read other batches).
+
+Writing, verifying, retention and storage are the CheckpointManager's (checkpoint/)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from scaletrain.checkpoint.manager import CheckpointError, CheckpointManager
+from scaletrain.config.schema import JobConfig
+from scaletrain.data.sampler import DataLayout
+
+__all__ = ["Checkpointer"]
+
+log = logging.getLogger("scaletrain.engine")
+
+
+class Checkpointer:
+    def __init__(self, manager: CheckpointManager, job: JobConfig, layout: DataLayout):
+        self.manager = manager
+        self.layout = layout
+        self.every_steps = job.checkpoint.every_steps
+
+    def due(self, step: int) -> bool:
+        return bool(self.every_steps and step % self.every_steps == 0)
+
+    def state(self, step: int, scheduler: Any) -> dict[str, Any]:
+        """trainer.json: what a resume needs beside the model and optimizer (the data position
+        is the step: the sampler is a pure function of it)."""
+        schedule = scheduler.state_dict()
+        schedule["lr_lambdas"] = [None] * len(schedule["lr_lambdas"])  # rebuilt from the job
+        return {
+            "step": step,
+            "epoch": step // self.layout.steps_per_epoch,
+            "samples": step * self.layout.global_batch,
+            "global_batch": self.layout.global_batch,
+            "scheduler": schedule,
+        }
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+             metrics: dict[str, float]) -> None:
+        self.manager.save(step, model, optimizer, self.state(step, scheduler), metrics)
+
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> int | None:
+        """Load the newest verified checkpoint into these; its step, or None when there is none."""
+        restored = self.manager.restore_latest(model, optimizer)
+        if restored is None:
+            return None
+        state = restored.trainer_state
+        if state.get("global_batch") != self.layout.global_batch:
+            raise CheckpointError(
+                f"checkpoint {restored.name} was trained with a global batch of "
+                f"{state.get('global_batch')} samples, this job has {self.layout.global_batch}; "
+                "set data.batch_size x scale.workers x train.grad_accum to match, so the resumed "
+                "run reads the same batches"
+            )
+        expected = self.manager.identity.get("config_hash")
+        if state.get("config_hash") and state["config_hash"] != expected:
+            log.warning(
+                "checkpoint %s was written by a different job configuration (config hash %s, "
+                "this job %s): resuming anyway", restored.name, state["config_hash"], expected,
+            )
+        scheduler.load_state_dict(state["scheduler"])
+        return restored.step

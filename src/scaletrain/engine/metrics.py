@@ -1,0 +1,131 @@
+"""The loop's numbers between reports: each step's loss and metrics stay on the device until the
+console cadence (or anything that shows them) is due, then one all-reduce and one host copy
+report every pending step at once. A non-finite loss stops the run here, naming the step."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from scaletrain.distributed import collectives
+from scaletrain.errors import ScaletrainError
+from scaletrain.tracking.reporter import Reporter, StepReport
+
+__all__ = ["StepOutput", "MetricsWindow", "TrainingDiverged", "step_time_summary", "mean_loss", "mean_metrics"]
+
+
+class TrainingDiverged(ScaletrainError):
+    """The loss became NaN or infinite."""
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor | None
+    metrics: dict[str, torch.Tensor]
+    grad_norm: torch.Tensor | None
+    lr: float
+    data_wait: float
+    report: bool
+
+
+@dataclass
+class _Pending:
+    """A step whose values wait on the device to be reported."""
+
+    step: int
+    out: StepOutput
+    ended: float  # perf_counter when the step ended
+    wall_time: float  # time.time() then, for the tracker
+    data_wait: float  # seconds waited for data since the loop started, up to this step
+
+
+@dataclass
+class MetricsWindow:
+    """Timing since the last reported step (samples/s is averaged over it), and the steps whose
+    values wait on the device to be reported."""
+
+    started: float
+    start_step: int
+    data_wait: float = 0.0  # seconds waited for data since the loop started
+    data_wait_at_start: float = 0.0
+    pending: list[_Pending] = field(default_factory=list)
+
+    def add(self, out: StepOutput, step: int) -> None:
+        self.data_wait += out.data_wait
+        if out.report:
+            self.pending.append(_Pending(step, out, time.perf_counter(), time.time(), self.data_wait))
+
+    def report(self, reporter: Reporter, global_batch: int) -> list[StepReport]:
+        """Report every pending step; returns the reports, oldest first.
+
+        One all-reduce packs the loss and every metric of every pending step: the mean over all
+        ranks. Gradient norms are the same on every rank after the gradient all-reduce."""
+        pending, self.pending = self.pending, []
+        names = sorted(pending[0].out.metrics)
+        width = 1 + len(names)
+        values = collectives.all_reduce(
+            torch.stack([v for p in pending for v in (p.out.loss, *(p.out.metrics[n] for n in names))])
+            .float()
+            .view(len(pending), width),
+            "mean",
+        ).tolist()
+        norms = None
+        if pending[0].out.grad_norm is not None:
+            norms = torch.stack([p.out.grad_norm for p in pending]).float().tolist()
+        reports: list[StepReport] = []
+        for index, p in enumerate(pending):
+            loss = values[index][0]
+            if not math.isfinite(loss):
+                raise TrainingDiverged(
+                    f"the loss became {loss} at step {p.step}; lower optim.lr, add warmup "
+                    "(optim.warmup_steps) or set train.clip_grad_norm"
+                )
+            steps = p.step - self.start_step
+            elapsed = p.ended - self.started
+            metrics = {"loss": loss, **dict(zip(names, values[index][1:]))}
+            metrics["lr"] = p.out.lr
+            if norms is not None:
+                metrics["grad_norm"] = norms[index]
+            metrics["step_time_s"] = elapsed / steps
+            metrics["samples_per_s"] = steps * global_batch / elapsed
+            metrics["data_wait_s"] = (p.data_wait - self.data_wait_at_start) / steps
+            self.started, self.start_step, self.data_wait_at_start = p.ended, p.step, p.data_wait
+            reports.append(StepReport(p.step, metrics, p.wall_time))
+        reporter.on_train_metrics(reports)
+        return reports
+
+
+def step_time_summary(times: deque[float]) -> dict[str, float]:
+    if not times:
+        return {}
+    ordered = sorted(times)
+    return {"median_s": statistics.median(ordered), "p90_s": ordered[int(0.9 * (len(ordered) - 1))],
+            "steps": len(ordered)}
+
+
+def mean_loss(losses: list[torch.Tensor]) -> torch.Tensor:
+    """The loss of one step: the mean over its micro-steps (no extra op for just one)."""
+    return losses[0] if len(losses) == 1 else torch.stack(losses).float().mean()
+
+
+def mean_metrics(rows: list[dict[str, Any]], device: torch.device) -> dict[str, torch.Tensor]:
+    """Per-metric mean over the micro-steps of one step."""
+    if len(rows) == 1:  # no extra ops for a scalar tensor, the common case
+        return {
+            name: value.detach().to(device, non_blocking=True)
+            if isinstance(value, torch.Tensor) and value.dim() == 0
+            else torch.as_tensor(value, device=device).detach().float().mean()
+            for name, value in rows[0].items()
+        }
+    return {
+        name: torch.stack(
+            [torch.as_tensor(row[name], device=device).detach().float() for row in rows]
+        ).mean()
+        for name in rows[0]
+    }
