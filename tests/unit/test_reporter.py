@@ -1,0 +1,196 @@
+"""Where the loop's numbers go: metrics.jsonl, the JSON log, and what each rank's reporter holds."""
+
+import json
+import logging
+
+import pytest
+
+from scaletrain.config import parse_job
+from scaletrain.rundir import RunSpec
+from scaletrain.tracking.logs import LogContext
+from scaletrain.tracking.reporter import LogReporter, MetricsFile, Reporters, StepReport
+from scaletrain.tracking.worker_sinks import worker_reporter
+from tests.helpers.tasks import toy_job
+
+
+def reports(first, last):
+    return [StepReport(step, {"loss": 1.0 / step}, wall_time=1000.0 + step) for step in range(first, last + 1)]
+
+
+def rows(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def train_steps(path):
+    return [row["step"] for row in rows(path) if row["split"] == "train"]
+
+
+def test_train_rows_at_every_nth_step_plus_the_first_and_the_last(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    sink = MetricsFile(path, every=5)
+    sink.on_start(total_steps=12, start_step=0)
+    sink.on_train_metrics(reports(1, 7))  # in batches, as the loop reports them
+    sink.on_train_metrics(reports(8, 12))
+    sink.on_end()
+    assert train_steps(path) == [1, 5, 10, 12]
+    assert rows(path)[1] == {"split": "train", "step": 5, "loss": 0.2}
+
+
+def test_eval_rows_are_always_written(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    sink = MetricsFile(path, every=5)
+    sink.on_start(total_steps=12, start_step=0)
+    sink.on_train_metrics(reports(1, 3))
+    sink.on_eval_metrics(3, {"accuracy": 0.5})
+    sink.on_eval_metrics(7, {"accuracy": 0.75})
+    sink.on_end()
+    assert rows(path) == [
+        {"split": "train", "step": 1, "loss": 1.0},
+        {"split": "eval", "step": 3, "accuracy": 0.5},
+        {"split": "eval", "step": 7, "accuracy": 0.75},
+    ]
+
+
+def test_no_total_steps_means_no_last_step_row(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    sink = MetricsFile(path, every=4)
+    sink.on_start(total_steps=None, start_step=0)
+    sink.on_train_metrics(reports(1, 10))
+    sink.on_end()
+    assert train_steps(path) == [1, 4, 8]
+
+
+def test_nothing_is_written_before_start_or_after_end(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    sink = MetricsFile(path)
+    sink.on_train_metrics(reports(1, 2))
+    assert not path.exists()
+    sink.on_start(total_steps=4, start_step=0)
+    sink.on_end()
+    sink.on_train_metrics(reports(1, 2))
+    sink.on_eval_metrics(2, {"accuracy": 1.0})
+    assert path.read_text(encoding="utf-8") == ""
+
+
+def test_a_restart_does_not_write_the_steps_it_redoes_twice(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    first = MetricsFile(path, every=2)
+    first.on_start(total_steps=10, start_step=0)
+    first.on_train_metrics(reports(1, 7))
+    first.on_eval_metrics(6, {"accuracy": 0.5})
+    # died at step 7; the restart resumes from its checkpoint at step 4 and redoes 5..7
+    again = MetricsFile(path, every=2)
+    again.on_start(total_steps=10, start_step=4)
+    again.on_train_metrics(reports(5, 10))
+    again.on_eval_metrics(6, {"accuracy": 0.5})
+    again.on_eval_metrics(10, {"accuracy": 0.9})
+    again.on_end()
+    assert train_steps(path) == [1, 2, 4, 6, 8, 10]
+    assert [row["step"] for row in rows(path) if row["split"] == "eval"] == [6, 10]
+
+
+TORN = '{"split": "train", "step": 1, "loss": 1.0}\n{"split": "train", "step": 2, "loss": 0.5}\n{"split": "tr'
+
+
+def test_a_torn_last_line_is_tolerated(tmp_path):
+    """A worker killed mid-write leaves half a row: the restart reads past it, goes on appending
+    and writes none of the steps the file holds whole again."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(TORN, encoding="utf-8")
+    sink = MetricsFile(path)
+    sink.on_start(total_steps=4, start_step=0)
+    sink.on_train_metrics(reports(1, 4))
+    sink.on_end()
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith(TORN)
+    assert text.count('"step": 1,') == text.count('"step": 2,') == 1
+    assert json.loads(text.splitlines()[-1]) == {"split": "train", "step": 4, "loss": 0.25}
+
+
+@pytest.mark.xfail(strict=True, reason="MetricsFile appends right after a torn last line (no newline first): "
+                   "the first row written after a restart is glued to the fragment and unreadable")
+def test_the_first_row_after_a_torn_line_is_readable(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(TORN, encoding="utf-8")
+    sink = MetricsFile(path)
+    sink.on_start(total_steps=4, start_step=0)
+    sink.on_train_metrics(reports(3, 4))
+    sink.on_end()
+    readable = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            readable.append(json.loads(line)["step"])
+        except ValueError:
+            continue
+    assert readable == [1, 2, 3, 4]
+
+
+def test_log_reporter_emits_train_metrics_at_the_same_cadence(caplog):
+    logger = logging.getLogger("test_reporter.metrics")
+    sink = LogReporter(logger, every=3)
+    sink.on_start(total_steps=7, start_step=0)
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        sink.on_train_metrics(reports(1, 7))
+        sink.on_eval_metrics(7, {"accuracy": 0.5})
+    records = [(r.getMessage(), r.step, r.metrics) for r in caplog.records]
+    assert records == [
+        ("train metrics", 1, {"loss": 1.0}),
+        ("train metrics", 3, {"loss": 1 / 3}),
+        ("train metrics", 6, {"loss": 1 / 6}),
+        ("train metrics", 7, {"loss": 1 / 7}),
+        ("eval metrics", 7, {"accuracy": 0.5}),
+    ]
+
+
+class Recorder:
+    def __init__(self, calls, name):
+        self.calls, self.name = calls, name
+
+    def __getattr__(self, method):
+        return lambda *args: self.calls.append((self.name, method, args))
+
+
+def test_reporters_fan_every_call_out_to_every_sink_in_order():
+    calls = []
+    fan = Reporters(Recorder(calls, "a"), Recorder(calls, "b"))
+    batch = reports(1, 1)
+    fan.on_start(5, 0)
+    fan.on_step(1)
+    fan.on_train_metrics(batch)
+    fan.on_eval_metrics(1, {"accuracy": 1.0})
+    fan.on_end()
+    expected = [("on_start", (5, 0)), ("on_step", (1,)), ("on_train_metrics", (batch,)),
+                ("on_eval_metrics", (1, {"accuracy": 1.0})), ("on_end", ())]
+    assert calls == [(name, method, args) for method, args in expected for name in ("a", "b")]
+
+
+def worker_setup(tmp_path):
+    job = toy_job(tmp_path, train={"max_steps": 4, "log_every": 2})
+    spec = RunSpec.in_dir(job, tmp_path / "runs")
+    return spec, parse_job(job), LogContext(spec.run_id, spec.trace_id, rank=1)
+
+
+def test_a_non_main_rank_writes_nothing_but_keeps_its_log_step_current(tmp_path):
+    spec, job, context = worker_setup(tmp_path)
+    reporter = worker_reporter(spec, job, context, is_main=False)
+    reporter.on_start(4, 0)
+    for step in range(1, 5):
+        reporter.on_step(step)
+        reporter.on_train_metrics(reports(step, step))
+        assert context.step == step
+    reporter.on_eval_metrics(4, {"accuracy": 1.0})
+    reporter.on_end()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_main_rank_writes_metrics_jsonl_at_the_console_cadence(tmp_path):
+    spec, job, context = worker_setup(tmp_path)
+    spec.out_dir.mkdir(parents=True)
+    reporter = worker_reporter(spec, job, context, is_main=True)
+    reporter.on_start(4, 0)
+    for step in range(1, 5):
+        reporter.on_step(step)
+    reporter.on_train_metrics(reports(1, 4))
+    reporter.on_end()
+    assert context.step == 4
+    assert train_steps(spec.out_dir / "metrics.jsonl") == [1, 2, 4]
