@@ -107,8 +107,6 @@ def test_a_torn_last_line_is_tolerated(tmp_path):
     assert json.loads(text.splitlines()[-1]) == {"split": "train", "step": 4, "loss": 0.25}
 
 
-@pytest.mark.xfail(strict=True, reason="MetricsFile appends right after a torn last line (no newline first): "
-                   "the first row written after a restart is glued to the fragment and unreadable")
 def test_the_first_row_after_a_torn_line_is_readable(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text(TORN, encoding="utf-8")

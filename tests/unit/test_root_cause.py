@@ -237,7 +237,7 @@ def test_a_hung_rank_with_several_waiting_peers_names_them_all(spec):
 
 
 def test_when_every_rank_waits_in_a_collective_the_first_to_fall_silent_is_named(spec):
-    """The collective itself hung: no rank is blamed on another, so no "waited for it"."""
+    """The collective itself hung: no rank is blamed on another; the message says they all waited."""
     write_stacks(spec, 0, dump(IN_COLLECTIVE))
     write_stacks(spec, 1, dump(IN_COLLECTIVE))
     for rank, mtime in ((0, 200), (1, 100)):
@@ -245,7 +245,8 @@ def test_when_every_rank_waits_in_a_collective_the_first_to_fall_silent_is_named
         os.utime(spec.worker_log(rank), (mtime, mtime))
     err = worker_error(spec, [0, 1], {0: "exited with signal SIGALRM", 1: "exited with signal SIGALRM"})
     assert str(err) == (
-        "worker rank 1 failed: made no progress for 8 s (hang watchdog); every thread's stack is in "
+        "worker rank 1 failed: made no progress for 8 s (hang watchdog; ranks 0, 1 all waited in a "
+        f"collective); every thread's stack is in "
         f"{spec.worker_stacks(1)} {details(spec, 1)}"
     )
 

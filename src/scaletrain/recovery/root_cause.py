@@ -89,8 +89,11 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str],
         timeout = spec.job.get("recovery", {}).get("hang_timeout_s")
         waiting = [r for r in hung if _waits_in_collective(spec.worker_stacks(r))]
         stuck = [r for r in hung if r not in waiting]
-        peers = f"; rank {', '.join(map(str, waiting))} waited for it in a collective" if stuck and waiting else ""
-        fallback = {  # every rank waiting: the collective itself hung, all are named
+        if stuck:
+            peers = f"; rank {', '.join(map(str, waiting))} waited for it in a collective" if waiting else ""
+        else:  # every rank waiting: the collective itself hung, no rank is blamed on another
+            peers = f"; ranks {', '.join(map(str, waiting))} all waited in a collective"
+        fallback = {
             r: f"made no progress for {timeout:g} s (hang watchdog{peers}); every thread's stack is in "
             f"{spec.worker_stacks(r)}"
             for r in stuck or hung

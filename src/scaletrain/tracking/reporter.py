@@ -95,6 +95,8 @@ class MetricsFile(NullReporter):
         self.total_steps = total_steps
         self._written = _last_rows(self.path)
         self._file = open(self.path, "a", encoding="utf-8")
+        if _ends_torn(self.path):  # a crash cut the last row short: ours start on a fresh line
+            self._file.write("\n")
 
     def _write(self, split: str, rows: list[tuple[int, dict[str, float]]]) -> None:
         if self._file is None:
@@ -144,6 +146,18 @@ class LogReporter(NullReporter):
 
     def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
         self.logger.info("eval metrics", extra={"step": step, "metrics": metrics})
+
+
+def _ends_torn(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            if handle.tell() == 0:
+                return False
+            handle.seek(-1, 2)
+            return handle.read(1) != b"\n"
+    except OSError:
+        return False
 
 
 def _last_rows(path: Path) -> dict[str, int]:
