@@ -206,7 +206,7 @@ def _resolve_checkpoints(config: JobConfig, spec: Any) -> None:
 def _preflight(config: JobConfig, spec: Any, checkpoint_bytes: int | None = None) -> list[Any]:
     """Every pre-flight check of this launch (raises PreflightError on the first refusal)."""
     from scaletrain.preflight import raise_on_failure, run_preflight
-    from scaletrain.tracking.session import recorded_run
+    from scaletrain.tracking.tracker_handle import recorded_run
 
     recorded = recorded_run(spec.run_dir, config) or {}
     checks = run_preflight(config, spec, checkpoint_bytes=checkpoint_bytes,
@@ -250,7 +250,7 @@ def _run_attempt(
     spec.write()  # what the workers, the metric shipper and `scaletrain resume` start from
     tracking = None
     if config.tracking.enabled and spec.node_rank == 0:  # the driver tracks the job
-        from scaletrain.tracking.session import TrackingSession
+        from scaletrain.tracking.tracker_handle import TrackingSession
 
         tracking = TrackingSession(config, spec, launcher.name, tracking_tags, _launcher_log).start()
 

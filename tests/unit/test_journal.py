@@ -50,7 +50,7 @@ def journal_with(tmp_path, steps: range) -> MetricJournal:
 def ship(tmp_path, client, timeout_s=30.0, poll_s=0.05, while_running=None):
     import logging
 
-    from scaletrain.tracking.shipper import JournalShipper
+    from scaletrain.tracking.journal_tail import JournalShipper
 
     shipper = JournalShipper(client, "run", tmp_path, logging.getLogger("test"), poll_s=poll_s)
     shipper.sender._interval = 0.01  # gather briefly: the test is about what is sent, not when

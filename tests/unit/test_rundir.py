@@ -62,6 +62,16 @@ def test_a_write_that_fails_leaves_the_previous_spec_whole(tmp_path, monkeypatch
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["spec.json"]  # no temporary left
 
 
+def test_a_spec_json_from_an_older_version_with_its_retired_tracking_fields_still_reads(tmp_path):
+    """A run started before RunSpec lost tracking_uri/tracking_run_id must still resume."""
+    spec = spec_in(tmp_path)
+    path = spec.write()
+    old = json.loads(path.read_text())
+    old.update(tracking_uri="sqlite:///mlflow.db", tracking_run_id="0123abcd")
+    path.write_text(json.dumps(old))
+    assert RunSpec.read(path) == spec
+
+
 def hold_lock(start, run_dir, node_rank=0):
     holder = start([sys.executable, "-c", _HOLD, str(run_dir), str(node_rank)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"

@@ -41,6 +41,11 @@ def check_run_ref(ref: str) -> str:
     return ref
 
 
+# Fields an older version's spec.json may hold and this one no longer has (tracking_uri and
+# tracking_run_id: nothing read them; tracking/mlflow_run.json records the job's MLflow run).
+_RETIRED_FIELDS = ("tracking_uri", "tracking_run_id")
+
+
 @dataclass
 class RunSpec:
     job: dict[str, Any]  # the resolved JobConfig, as JSON-able data
@@ -49,8 +54,6 @@ class RunSpec:
     trace_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     python_path: list[str] = field(default_factory=list)  # where task.target is imported from
     threads: int = 1  # intra-op threads per worker
-    tracking_uri: str | None = None  # MLflow: the store or server of the job's run
-    tracking_run_id: str | None = None  # the job's MLflow run, once open (tracking/mlflow_run.json has it too)
     attempt: int = 0  # launches of this run: 1 for `run`, +1 for each `scaletrain resume`
     node_rank: int = 0  # several nodes: this launcher's (0: the driver, which tracks the run)
     checkpoints: str | None = None  # where checkpoints go, resolved by the launcher
@@ -96,7 +99,10 @@ class RunSpec:
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> RunSpec:
-        return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        for key in _RETIRED_FIELDS:  # a run started by an older version still resumes
+            data.pop(key, None)
+        return cls(**data)
 
     @classmethod
     def in_dir(cls, job: dict[str, Any], run_root: str | os.PathLike, run_id: str | None = None,

@@ -42,7 +42,7 @@ from scaletrain.engine.control import Control
 from scaletrain.recovery.faults import FaultPlan
 from scaletrain.rundir import RunSpec
 from scaletrain.tracking.reporter import Reporters, StepReport
-from scaletrain.tracking.session import recorded_run
+from scaletrain.tracking.tracker_handle import recorded_run
 
 __all__ = ["WorkerRuntime", "ConsoleRelay"]
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from scaletrain.tracking.sender import configure_mlflow_client
+from scaletrain.tracking.mlflow_client import configure_mlflow_client
 
 __all__ = ["MLFLOW_MODEL_DIR", "save_mlflow_model", "example_input"]
 

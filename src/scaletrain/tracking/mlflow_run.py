@@ -1,4 +1,4 @@
-"""The job's MLflow run: created (or reopened) by the tracking process (ship.py) while the
+"""The job's MLflow run: created (or reopened) by the tracking process (tracker_process.py) while the
 workers start, with params (the flattened, redacted job), tags and the job file; at the end
 the artifacts and the final status. Workers never talk to MLflow: rank 0 journals its
 metrics and the tracking process sends them.
@@ -18,8 +18,8 @@ from typing import Any
 
 from scaletrain.config.schema import JobConfig
 from scaletrain.tracking.git_state import git_state
+from scaletrain.tracking.mlflow_client import configure_mlflow_client
 from scaletrain.tracking.redact import Redactor, flatten, redact_url
-from scaletrain.tracking.sender import configure_mlflow_client
 
 __all__ = ["TrackingRun", "experiment_for", "resolve_tracking_uri"]
 

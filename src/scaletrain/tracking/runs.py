@@ -10,8 +10,8 @@ from typing import Any
 
 from scaletrain.errors import ScaletrainError
 from scaletrain.rundir import RUN_CARD_FILE, check_run_ref
+from scaletrain.tracking.mlflow_client import configure_mlflow_client
 from scaletrain.tracking.redact import redact_url
-from scaletrain.tracking.sender import configure_mlflow_client
 
 __all__ = ["RunNotFound", "TrackingReadError", "list_runs", "find_run", "run_details", "download_json",
            "download_artifact"]

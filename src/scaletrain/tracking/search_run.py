@@ -30,7 +30,7 @@ class SearchRun:
             from mlflow import MlflowClient
 
             from scaletrain.tracking.mlflow_run import experiment_for, resolve_tracking_uri
-            from scaletrain.tracking.sender import configure_mlflow_client
+            from scaletrain.tracking.mlflow_client import configure_mlflow_client
 
             configure_mlflow_client()
             uri = resolve_tracking_uri(job)

@@ -9,8 +9,8 @@ from typing import Any
 
 from scaletrain.config.schema import JobConfig
 from scaletrain.rundir import METRICS_FILE, TRACKING_DIR, RunSpec
+from scaletrain.tracking.journal_sink import JournalReporter
 from scaletrain.tracking.logs import LOGGER_NAME, LogContext
-from scaletrain.tracking.mlflow_sink import MlflowReporter
 from scaletrain.tracking.progress import ProgressBar, progress_wanted
 from scaletrain.tracking.reporter import LogReporter, MetricsFile, NullReporter, Reporters
 
@@ -46,7 +46,7 @@ def worker_reporter(spec: RunSpec, job: JobConfig, context: LogContext, is_main:
         sinks.append(ProgressBar(job.name))
     if job.tracking.enabled:
         sinks.append(
-            MlflowReporter(
+            JournalReporter(
                 os.path.join(spec.out_dir, TRACKING_DIR),
                 every=job.tracking.log_every_steps or job.train.log_every,
             )

@@ -122,7 +122,7 @@ class ConsoleRelay:
         manifests written on other machines."""
         if self.mlflow_run_sent:
             return
-        from scaletrain.tracking.session import recorded_run
+        from scaletrain.tracking.tracker_handle import recorded_run
 
         run_id = (recorded_run(self.run_dir) or {}).get("run_id")
         if run_id:

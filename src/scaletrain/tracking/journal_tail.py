@@ -1,4 +1,5 @@
-"""Tail the metric journal and ship new points to MLflow (in the tracking process, ship.py).
+"""In the tracking process (tracker_process.py): tail the metric journal and hand new points
+to the batch sender (batch_sender.py), which sends them to MLflow.
 
 It starts from the journal's cursor, so points an earlier attempt could not deliver go first.
 """
@@ -10,8 +11,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from scaletrain.tracking.batch_sender import MetricSender
 from scaletrain.tracking.journal import MetricJournal
-from scaletrain.tracking.sender import MetricSender
 
 __all__ = ["JournalShipper"]
 

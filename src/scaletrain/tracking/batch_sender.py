@@ -1,7 +1,8 @@
-"""Sends journaled metric points to MLflow from a background thread, in batches.
+"""In the tracking process (tracker_process.py): a background thread that sends the points
+journal_tail.py hands it to MLflow, in batches.
 
 Training never waits for the tracker: the workers only append to the journal; this thread
-(in the tracking process, ship.py) sends at most one request every ``interval_s`` (or per 1000 points).
+sends at most one request every ``interval_s`` (or per 1000 points).
 A failed batch is retried with backoff (the same batch, so order and the cursor stay
 simple); the first failure logs one warning and the recovery one line, never one per step.
 """
@@ -9,8 +10,6 @@ simple); the first failure logs one warning and the recovery one line, never one
 from __future__ import annotations
 
 import logging
-import os
-import resource
 import threading
 import time
 from collections import deque
@@ -19,7 +18,7 @@ from typing import Any
 
 from scaletrain.tracking.journal import MetricJournal, MetricPoint
 
-__all__ = ["MetricSender", "MAX_METRICS_PER_BATCH", "process_cpu_s"]
+__all__ = ["MetricSender", "MAX_METRICS_PER_BATCH"]
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit (and 1 MB a request: ~100 B a point)
 
@@ -122,11 +121,6 @@ class MetricSender:
             )
 
 
-def process_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return round(usage.ru_utime + usage.ru_stime, 3)
-
-
 def _log_batch(client: Any, run_id: str, batch: list[MetricPoint]) -> None:
     from mlflow.entities import Metric
 
@@ -135,17 +129,4 @@ def _log_batch(client: Any, run_id: str, batch: list[MetricPoint]) -> None:
         metrics=[Metric(p.key, p.value, p.timestamp_ms, p.step) for p in batch],
         synchronous=True,
     )
-
-
-def configure_mlflow_client() -> None:
-    """MLflow retries HTTP calls for minutes by default; we retry ourselves, without blocking.
-    It prints run URLs on stdout, which belongs to ``--json`` output, and it (and alembic)
-    announce schema migrations at INFO. Imports mlflow: its import resets its log level."""
-    import mlflow  # noqa: F401
-
-    for name in ("mlflow", "alembic"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 

@@ -1,4 +1,4 @@
-"""The launcher's handle on the tracking process (tracking/ship.py) of one attempt.
+"""In the launcher: its handle on the tracking process (tracker_process.py) of one attempt.
 
 The launcher never imports MLflow: the tracking process opens the run while the workers start
 and ships the journal while they train; the launcher only learns the run's id and, at the
@@ -74,7 +74,7 @@ class TrackingSession:
     def start(self) -> TrackingSession:
         """Start the tracking process (it reads the run's spec.json, written before)."""
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "scaletrain.tracking.ship", str(self.run_dir),
+            [sys.executable, "-m", "scaletrain.tracking.tracker_process", str(self.run_dir),
              str(self.spec.launcher_log), self.engine, str(self._max_backoff)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             # In the environment, not the command line: other users can read a command line.
@@ -92,7 +92,6 @@ class TrackingSession:
                 continue
             if message.get("event") == "opened":
                 self.run_id = message["run_id"]
-                self.spec.tracking_uri, self.spec.tracking_run_id = message["uri"], message["run_id"]
                 self._settled.set()
             elif message.get("event") == "closed":
                 self._report = message

@@ -1,6 +1,6 @@
-"""Rank 0's MLflow reporter: it only appends to the metric journal.
+"""In rank 0: the reporter for MLflow, which only appends to the metric journal.
 
-Sending happens elsewhere (the tracking process, tracking/ship.py), so the training
+Sending happens elsewhere (the tracking process, tracker_process.py), so the training
 process never imports mlflow for metrics, never waits for the tracker, and shares neither its
 interpreter lock nor its start-up with a sender thread.
 """
@@ -13,10 +13,10 @@ from pathlib import Path
 from scaletrain.tracking.journal import MetricJournal
 from scaletrain.tracking.reporter import NullReporter, StepReport
 
-__all__ = ["MlflowReporter"]
+__all__ = ["JournalReporter"]
 
 
-class MlflowReporter(NullReporter):
+class JournalReporter(NullReporter):
     def __init__(self, journal_dir: str | Path, every: int):
         self.journal = MetricJournal(journal_dir)
         self.every = every

@@ -1,4 +1,5 @@
-"""The tracking process: everything MLflow does for one attempt, in a process of its own.
+"""The tracking process's main (``python -m scaletrain.tracking.tracker_process``): everything
+MLflow does for one attempt, in a process of its own.
 
 It imports MLflow and opens the job's run (or reopens it, on resume) while the workers start,
 so neither the launcher nor a worker ever imports MLflow, and none of that start-up (~2 s of
@@ -9,10 +10,10 @@ with MLflow's system-metrics sampler beside it. When the tracker does not answer
 once and keeps trying with backoff while training goes on; the journal keeps every point
 meanwhile.
 
-Protocol with the launcher (tracking/session.py): it prints one JSON line when the run is
-open (``{"event": "opened", "run_id", "uri"}``) and one when it is done (``{"event":
-"closed", ...}``); the launcher writes one JSON line on its stdin at the end of the attempt
-(how long to keep trying, the final status, tags and the artifacts to log). End of file
+Protocol with the launcher's handle on it (tracker_handle.py): it prints one JSON line when
+the run is open (``{"event": "opened", "run_id", "uri"}``) and one when it is done
+(``{"event": "closed", ...}``); the launcher writes one JSON line on its stdin at the end of
+the attempt (how long to keep trying, the final status, tags and the artifacts to log). End of file
 instead (the launcher died) means: deliver what is left within 30 s, leave the run's status
 alone. Ctrl-C and SIGTERM are the launcher's to handle: this process waits for its word.
 """
@@ -22,13 +23,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
-from scaletrain.rundir import JOB_FILE, SPEC_FILE, TRACKING_DIR
+
+from scaletrain.rundir import EXTRA_TAGS_ENV, JOB_FILE, SPEC_FILE, TRACKING_DIR
 
 __all__ = ["main"]
 
@@ -78,8 +81,8 @@ def _open_run(config: Any, spec: Any, engine: str, extra_tags: dict[str, str], l
     """The job's MLflow run, reopened on resume; retried with backoff until it opens or the
     launcher says the attempt is over (then None)."""
     from scaletrain.tracking.mlflow_run import TrackingRun
-    from scaletrain.tracking.sender import configure_mlflow_client
-    from scaletrain.tracking.session import record_run, recorded_run
+    from scaletrain.tracking.mlflow_client import configure_mlflow_client
+    from scaletrain.tracking.tracker_handle import record_run, recorded_run
 
     run_dir = Path(spec.run_dir)
     backoff, failing = 1.0, False
@@ -131,11 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from scaletrain.config.schema import JobConfig
     from scaletrain.rundir import RunSpec
+    from scaletrain.tracking.journal_tail import JournalShipper
     from scaletrain.tracking.logs import LAUNCHER_LOGGER_NAME, LogContext, setup_logging
     from scaletrain.tracking.redact import Redactor
-    from scaletrain.tracking.sender import process_cpu_s
-    from scaletrain.tracking.session import EXTRA_TAGS_ENV
-    from scaletrain.tracking.shipper import JournalShipper
 
     run_dir, log_file, engine, max_backoff = (argv or sys.argv[1:])[:4]
     extra_tags = os.environ.pop(EXTRA_TAGS_ENV, "{}")
@@ -173,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     _emit(report)
     undo()
     return 0
+
+
+def process_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return round(usage.ru_utime + usage.ru_stime, 3)
 
 
 def _one_line(exc: BaseException) -> str:
