@@ -1,4 +1,4 @@
-"""Same numbers whatever the strategy: single, DDP, FSDP2 (with and without gradient
+"""Same numbers whatever the strategy: single, DDP, ZeRO-1, FSDP2 (with and without gradient
 accumulation) and HSDP (2 replicas of 1 shard on 2 workers, and a 2x2 mesh on 4) on the tiny_gpt
 example (gloo workers), checkpoints that move between strategies and train on, recovery under FSDP.
 
@@ -39,6 +39,8 @@ def runs(tmp_path_factory):
     return {
         "single": scaletrain.run(JOB, tiny_gpt(root, "single", 1)),
         "ddp": scaletrain.run(JOB, tiny_gpt(root, "ddp")),
+        # DDP with the optimizer state split over the 2 workers
+        "zero1": scaletrain.run(JOB, tiny_gpt(root, "zero1")),
         "fsdp": scaletrain.run(JOB, tiny_gpt(root, "fsdp")),
         # 2 replicas of 1 shard each on a 2-D mesh, recomputing each block's activations
         "hsdp": scaletrain.run(JOB, tiny_gpt(
@@ -59,7 +61,7 @@ def losses(summary):
     return [row["loss"] for row in read_metrics(summary["run_dir"])]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "hsdp", "fsdp_offload", "fsdp_accum", "hsdp_2x2"])
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "fsdp", "hsdp", "fsdp_offload", "fsdp_accum", "hsdp_2x2"])
 def test_every_strategy_gives_the_single_process_losses(runs, strategy):
     reference, other = losses(runs["single"]), losses(runs[strategy])
     assert len(reference) == len(other) == STEPS
@@ -69,6 +71,15 @@ def test_every_strategy_gives_the_single_process_losses(runs, strategy):
     assert_weights_close(runs["single"], runs[strategy])
     workers = 4 if strategy == "hsdp_2x2" else 2
     assert runs[strategy]["strategy"] == strategy.split("_")[0] and runs[strategy]["world_size"] == workers
+
+
+def test_zero1_splits_only_the_optimizer_state_and_trains_ddps_bits(runs):
+    assert runs["zero1"]["weights_sha256"] == runs["ddp"]["weights_sha256"]
+    measured = state_bytes_by_rank(runs["zero1"]["run_dir"])
+    replica = state_bytes_by_rank(runs["ddp"]["run_dir"])[0]
+    assert all(sizes["params"] == replica["params"] for sizes in measured.values())
+    assert sum(sizes["optimizer"] for sizes in measured.values()) == replica["optimizer"]
+    assert max(sizes["optimizer"] for sizes in measured.values()) < 0.6 * replica["optimizer"]
 
 
 def test_bf16_compute_stays_close_to_fp32_and_is_really_bf16(runs):
@@ -95,12 +106,13 @@ def test_a_fsdp_checkpoint_loads_under_ddp_and_single_and_back(runs, tmp_path):
     assert back["weights_sha256"] == runs["ddp"]["weights_sha256"]
 
 
-@pytest.mark.parametrize("saved, resumed", [("fsdp", "ddp"), ("ddp", "fsdp"), ("hsdp_2x2", "single")])
+@pytest.mark.parametrize("saved, resumed", [("fsdp", "ddp"), ("ddp", "fsdp"), ("hsdp_2x2", "single"),
+                                            ("zero1", "ddp"), ("ddp", "zero1")])
 def test_a_checkpoint_of_one_strategy_trains_on_under_another(runs, tmp_path, saved, resumed):
     """Step 10's checkpoint of one layout, trained to 20 under another: the uninterrupted run's
     losses and weights (within float32 rounding: the gradients are summed in another order)."""
     layouts = {"fsdp": ("fsdp", 2, []), "ddp": ("ddp", 2, []), "hsdp_2x2": ("hsdp", 4, ["scale.fsdp.shard_size=2"]),
-               "single": ("single", 1, [])}
+               "single": ("single", 1, []), "zero1": ("zero1", 2, [])}
     strategy, workers, extra = layouts[saved]
     first = scaletrain.run(JOB, tiny_gpt(tmp_path, strategy, workers, *extra))  # the fixture's run, again
     assert first["weights_sha256"] == runs[saved]["weights_sha256"]
@@ -130,7 +142,7 @@ def test_a_killed_fsdp_worker_resumes_to_the_same_weights(runs, tmp_path, monkey
     assert [row["step"] for row in read_metrics(summary["run_dir"])] == list(range(1, STEPS + 1))
 
 
-@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp", "hsdp", "fsdp_offload", "fsdp_bf16", "hsdp_2x2"])
+@pytest.mark.parametrize("strategy", ["single", "ddp", "zero1", "fsdp", "hsdp", "fsdp_offload", "fsdp_bf16", "hsdp_2x2"])
 def test_the_planner_predicts_each_ranks_state_bytes_exactly(runs, strategy):
     """Offloaded or computing in bf16, a rank keeps the same fp32 shards (on the host when
     offloaded): the same bytes."""
@@ -144,9 +156,10 @@ def test_the_planner_predicts_each_ranks_state_bytes_exactly(runs, strategy):
 
     profile = profile_task(TinyGPTTask(layers=2, dim=64, heads=4, context=32, vocab=32), "tiny_gpt")
     measured = state_bytes_by_rank(runs[strategy]["run_dir"])
-    shard = {"single": 1, "ddp": 1, "hsdp": 1}.get(strategy, 2)  # hsdp: 2 replicas of 1; hsdp_2x2: of 2
+    shard = {"single": 1, "ddp": 1, "zero1": 1, "hsdp": 1}.get(strategy, 2)  # hsdp: 2 replicas of 1; hsdp_2x2: of 2
+    zero = 2 if strategy == "zero1" else 1  # whole parameters' optimizer state per rank
     assert sorted(measured) == list(range(runs[strategy]["world_size"]))
     for rank, sizes in measured.items():
-        predicted = state_bytes_per_rank(profile, shard, rank % shard, "adamw", 0.0)  # rank in its shard group
+        predicted = state_bytes_per_rank(profile, shard, rank % shard if zero == 1 else rank, "adamw", 0.0, zero)
         assert {k: sizes[k] for k in predicted} == predicted, f"rank {rank}"
         assert sizes["buffers"] == profile.buffer_bytes

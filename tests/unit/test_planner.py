@@ -79,11 +79,41 @@ def test_a_7b_what_if_on_8_h100_needs_sharding_and_says_why():
     assert "a full replica needs" in plan.reason
 
 
+def test_zero1_when_a_replica_fits_once_the_optimizer_state_is_split():
+    # 5e9 parameters: 80 GB of fp32 model state per replica, over 90% of an H100; ZeRO-1 on 8
+    # keeps the weights and gradients (40 GB) and an eighth of AdamW's 40 GB.
+    plan = plan_what_if(params=5e9, batch=1, hardware={"gpu": "H100", "devices_per_node": 8})
+    rows = {e.option.label: e for e in plan.estimates}
+    assert not rows["ddp"].fits and rows["zero1"].fits
+    # Whole parameters per rank: the shape is unknown, so 29 equal blocks; the fullest rank has 4.
+    assert "assumed 29 equal blocks" in plan.notes[0]
+    assert rows["zero1"].memory["optimizer"] == pytest.approx(8 * 5e9 * 4 / 29, rel=1e-6)
+    assert rows["zero1"].comm_bytes["intra_node"] > rows["ddp"].comm_bytes["intra_node"]  # the broadcast
+    assert plan.recommended.option.label == "zero1"
+    assert plan.reason.startswith("zero1: a full replica fits once the optimizer state is split over 8 ranks")
+
+
 def test_a_small_model_on_one_gpu_is_single():
     plan = plan_what_if(params=1e8, batch=8, hardware={"gpu": "A100", "devices_per_node": 1})
     assert plan.recommended.option.label == "single"
     assert plan.reason.startswith("one process is enough")
-    assert "activations unknown" in plan.notes[0]
+    assert any("activations unknown" in note for note in plan.notes)
+
+
+def test_a_parameter_count_alone_shows_the_states_at_rest_apart_from_the_gather():
+    # 7.5e9 parameters on 64 V100s: 16 bytes a parameter at rest, over 64 ranks; the all-gather
+    # is a block or two at a time, not the whole model (which was priced as 16.9 GB a device).
+    plan = plan_what_if(params=7.5e9, batch=1, hardware={"gpu": "V100", "devices_per_node": 8, "nodes": 8})
+    fsdp = {e.option.label: e for e in plan.estimates}["fsdp"]
+    at_rest = fsdp.memory["params"] + fsdp.memory["grads"] + fsdp.memory["optimizer"]
+    assert at_rest == pytest.approx(16 * 7.5e9 / 64, rel=1e-6)  # 1.9 GB
+    block = 4 * 7.5e9 / 34  # fp32 bytes of the largest of 34 equal blocks
+    # bf16 (the what-if's default): two blocks gathered in flight at half size, one block's fp32 gradients
+    assert fsdp.memory["gathered"] == pytest.approx(2 * block / 2 + block, rel=1e-6)
+    assert fsdp.memory["total"] < 5e9
+    assert plan.notes[0].startswith("shape unknown: assumed 34 equal blocks of 220,588,235 parameters")
+    ddp = {e.option.label: e for e in plan.estimates}["ddp"]
+    assert ddp.memory["gathered"] == 0
 
 
 @pytest.mark.parametrize("columns", [80, 200])

@@ -30,7 +30,9 @@ from torch.distributed.checkpoint._nested_dict import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions, get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
+)
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
@@ -95,7 +97,10 @@ class _SafeLoadPlanner(DefaultLoadPlanner):
 
 
 def state_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Model and optimizer state keyed by parameter names, for any strategy (DDP unwrapped)."""
+    """Model and optimizer state keyed by parameter names, for any strategy (DDP unwrapped).
+    An optimizer with its own share of the state (ZeRO-1) gives it in the same layout."""
+    if hasattr(optimizer, "checkpoint_state"):
+        return {"model": get_model_state_dict(model), "optim": optimizer.checkpoint_state(model)}
     model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions())
     return {"model": model_sd, "optim": optim_sd}
 
@@ -247,5 +252,9 @@ def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str,
         dcp.load(state, storage_reader=reader, planner=_SafeLoadPlanner(), process_group=group)
     except CheckpointException as exc:
         raise (reader.refused or _one_line(exc)) from None
+    if hasattr(optimizer, "load_checkpoint_state"):
+        set_model_state_dict(model, state["model"])
+        optimizer.load_checkpoint_state(model, state["optim"])
+        return
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"], options=StateDictOptions())

@@ -279,8 +279,9 @@ class ScaleConfig(Section):
         60.0, description="ray engine: how long joining scale.address may take (the address to "
         "answer, and its head to accept this process) before the run stops with one line"
     )
-    strategy: Literal["auto", "single", "ddp", "fsdp", "hsdp"] = Field(
-        "auto", description="single, ddp (full replicas), fsdp (parameters, gradients and optimizer "
+    strategy: Literal["auto", "single", "ddp", "zero1", "fsdp", "hsdp"] = Field(
+        "auto", description="single, ddp (full replicas), zero1 (ddp with the optimizer state split "
+        "over the workers), fsdp (parameters, gradients and optimizer "
         "state sharded), hsdp (sharded within a group, replicated across groups); auto: the "
         "planner's choice for these workers (single for 1; ddp when a replica fits, else fsdp), logged"
     )

@@ -17,7 +17,8 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 def measure_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     params = [p for p in model.parameters() if p.requires_grad]
     state = 0
-    for per_param in optimizer.state.values():
+    # ZeRO-1: this rank's share (its wrapper's own state is empty)
+    for per_param in getattr(optimizer, "local_optimizer", optimizer).state.values():
         for value in per_param.values():
             if isinstance(value, torch.Tensor):
                 state += _local(value).nbytes

@@ -94,7 +94,7 @@ class Trainer:
         self.final_state: dict[str, torch.Tensor] | None = None  # rank 0, once fit ends
         self._state_logged = False
         self._steps_run = 0  # by this process (a resumed run counts from its restore)
-        self.optimizer = build_optimizer(self.strategy.unwrap(self.model), job.optim)
+        self.optimizer = build_optimizer(self.strategy.unwrap(self.model), job.optim, self.strategy)
 
         self.train_set = task.train_dataset()
         self.eval_set = task.eval_dataset() if callable(getattr(task, "eval_dataset", None)) else None

@@ -8,17 +8,17 @@ from dataclasses import asdict, dataclass, field
 
 from scaletrain.plan.hardware import Hardware
 from scaletrain.plan.model_profile import ModelProfile
-from scaletrain.plan.state_bytes import local_bytes, optimizer_bytes
+from scaletrain.plan.state_bytes import local_bytes, optimizer_bytes, zero_partition
 
 __all__ = ["Option", "Estimate", "Plan", "make_plan", "estimate", "state_bytes_per_rank", "USABLE_MEMORY"]
 
 USABLE_MEMORY = 0.9  # of a device's memory: the rest goes to the allocator's fragmentation, kernels, comm buffers
-SIMPLICITY = ["single", "ddp", "fsdp (no reshard)", "fsdp", "hsdp"]
+SIMPLICITY = ["single", "ddp", "zero1", "fsdp (no reshard)", "fsdp", "hsdp"]
 
 
 @dataclass(frozen=True)
 class Option:
-    strategy: str  # single | ddp | fsdp | hsdp
+    strategy: str  # single | ddp | zero1 | fsdp | hsdp
     world: int
     shard: int = 1  # ranks a parameter is split over
     reshard_after_forward: bool = True
@@ -38,7 +38,7 @@ class Option:
 @dataclass
 class Estimate:
     option: Option
-    memory: dict[str, float]  # per device: params, grads, optimizer, activations, buffers, total
+    memory: dict[str, float]  # per device: params, grads, optimizer (at rest), gathered (FSDP, transient), activations, buffers, total
     host_memory: float
     fits: bool
     comm_bytes: dict[str, float]  # per rank per step: intra_node, inter_node
@@ -71,12 +71,17 @@ class Plan:
                 "reason": self.reason, "notes": self.notes}
 
 
-def state_bytes_per_rank(profile: ModelProfile, shard: int, rank: int, optimizer: str, momentum: float) -> dict[str, int]:
+def state_bytes_per_rank(profile: ModelProfile, shard: int, rank: int, optimizer: str, momentum: float,
+                         zero: int = 1) -> dict[str, int]:
     """What a rank keeps between steps: its part of the parameters, gradients, optimizer state
-    (``rank``: its place in its shard group, of ``shard`` ranks)."""
-    params = local_bytes(profile.shapes, shard, rank)
-    return {"params": params, "grads": params,
-            "optimizer": optimizer_bytes(profile.shapes, optimizer, momentum, shard, rank)}
+    (``rank``: its place in its shard group, of ``shard`` ranks; ``zero``: ranks the optimizer
+    state is partitioned over by whole parameters, ZeRO-1)."""
+    params = local_bytes(profile.shapes, shard, rank if zero == 1 else 0)  # ZeRO-1: whole replicas
+    if zero > 1:
+        opt = optimizer_bytes(zero_partition(profile.shapes, zero)[rank], optimizer, momentum)
+    else:
+        opt = optimizer_bytes(profile.shapes, optimizer, momentum, shard, rank)
+    return {"params": params, "grads": params, "optimizer": opt}
 
 
 def _options(hardware: Hardware) -> list[Option]:
@@ -86,6 +91,7 @@ def _options(hardware: Hardware) -> list[Option]:
         options.append(Option("single", 1, activation_checkpointing=ac))
         if world > 1:
             options.append(Option("ddp", world, activation_checkpointing=ac))
+            options.append(Option("zero1", world, activation_checkpointing=ac))
             options.append(Option("fsdp", world, world, reshard_after_forward=False, activation_checkpointing=ac))
             for offload in (False, True):
                 if offload and hardware.device != "cuda":
@@ -98,16 +104,21 @@ def _options(hardware: Hardware) -> list[Option]:
 
 def estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: int, optimizer: str,
               momentum: float, precision: str) -> Estimate:
-    state = state_bytes_per_rank(profile, option.shard, 0, optimizer, momentum)  # rank 0 holds the most
+    if option.strategy == "zero1":  # the rank whose whole parameters add up to the most state
+        state = max((state_bytes_per_rank(profile, 1, r, optimizer, momentum, zero=option.world)
+                     for r in range(option.world)), key=lambda s: s["optimizer"])
+    else:
+        state = state_bytes_per_rank(profile, option.shard, 0, optimizer, momentum)  # rank 0 holds the most
     gathered_scale = 0.5 if precision in ("bf16", "fp16") else 1.0  # FSDP gathers in the compute dtype
     params, grads, opt = float(state["params"]), float(state["grads"]), float(state["optimizer"])
+    gathered = 0.0  # transient, during forward and backward: FSDP's unsharded copies
     if option.shard > 1:
         block = profile.largest_block_bytes * gathered_scale
         if option.reshard_after_forward:  # the root stays gathered; a block and the next one in flight
-            params += profile.root_bytes * gathered_scale + 2 * block
+            gathered += profile.root_bytes * gathered_scale + 2 * block
         else:  # every block stays gathered from its forward to its backward
-            params += profile.param_bytes * gathered_scale
-        grads += block / gathered_scale  # one block's unsharded gradients before reduce-scatter
+            gathered += profile.param_bytes * gathered_scale
+        gathered += block / gathered_scale  # one block's unsharded gradients before reduce-scatter
     activations = profile.activations.bytes(batch, option.activation_checkpointing) if profile.activations else 0.0
     host = 0.0
     if option.cpu_offload:
@@ -115,8 +126,10 @@ def estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: i
         params -= state["params"]
         grads -= state["grads"]
         opt = 0.0
-    memory = {"params": params, "grads": grads, "optimizer": opt, "activations": activations,
-              "buffers": float(profile.buffer_bytes)}
+    # params, grads, optimizer: the model states at rest (between steps); gathered: on top of them
+    # while a step runs.
+    memory = {"params": params, "grads": grads, "optimizer": opt, "gathered": gathered,
+              "activations": activations, "buffers": float(profile.buffer_bytes)}
     memory["total"] = sum(memory.values())
     fits = memory["total"] <= USABLE_MEMORY * hardware.memory_bytes
     if option.cpu_offload and hardware.host_memory_bytes is not None:  # every rank of a node offloads
@@ -125,8 +138,10 @@ def estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: i
     n, grad_bytes = option.world, float(profile.param_bytes)  # gradients reduced in fp32
     compute_bytes = profile.param_bytes * gathered_scale
     intra = inter = 0.0
-    if option.strategy == "ddp":
+    if option.strategy in ("ddp", "zero1"):
         ring = 2 * (n - 1) / n * grad_bytes
+        if option.strategy == "zero1":  # each owner broadcasts its updated parameters
+            ring += (n - 1) / n * profile.param_bytes
         intra, inter = (ring, 0.0) if hardware.nodes == 1 else (0.0, ring)
     elif option.strategy in ("fsdp", "hsdp"):
         s = option.shard
@@ -177,9 +192,10 @@ def _collectives(option: Option, profile: ModelProfile) -> int:
     if option.world == 1:
         return 0
     grads = profile.param_bytes
-    if option.strategy == "ddp":
+    if option.strategy in ("ddp", "zero1"):
         rest = max(0, grads - DDP_FIRST_BUCKET_BYTES)
-        return 1 + -(-rest // DDP_BUCKET_BYTES)
+        buckets = 1 + -(-rest // DDP_BUCKET_BYTES)
+        return buckets + (len(profile.shapes) if option.strategy == "zero1" else 0)  # a broadcast per parameter
     groups = len(profile.block_shapes) + (1 if profile.root_bytes else 0)
     gathers = 2 if option.reshard_after_forward else 1
     calls = len(profile.block_shapes) * (gathers + 1) + (2 if profile.root_bytes else 0) + 1
@@ -195,6 +211,8 @@ def make_plan(profile: ModelProfile, hardware: Hardware, batch: int, optimizer: 
     estimates = [estimate(o, profile, hardware, batch, optimizer, momentum, precision) for o in options]
     recommended, reason = _recommend(estimates, hardware, profile)
     notes = []
+    if profile.assumed_blocks:
+        notes.append(profile.assumed_blocks)
     if profile.activations is None:
         notes.append("activations unknown (only a parameter count): give the model's shape or a job for them")
     if profile.flops_per_sample is None:
@@ -249,6 +267,11 @@ def _recommend(estimates: list[Estimate], hardware: Hardware, profile: ModelProf
             hidden = "hidden behind" if best.comm_s <= best.compute_s else "longer than"
             text += f", {best.comm_s * 1e3:.1f} ms {hidden} {best.compute_s * 1e3:.1f} ms of compute"
         return best, text + (" (with activation checkpointing: activations do not fit otherwise)" if best.option.activation_checkpointing else "")
+    if best.option.strategy == "zero1":
+        ddp_need = f"{_gb(ddp.memory['total'])}" if ddp is not None else "more"
+        return best, (f"zero1: a full replica fits once the optimizer state is split over {best.option.world} ranks "
+                      f"({_gb(need)} of {_gb(have)} per device; data parallel alone needs {ddp_need}); the "
+                      "updated parameters are broadcast after each step")
     replica = ddp or single
     why = (f"a full replica needs {_gb(replica.memory['total'])} per device, {_gb(have)} is usable"
            if replica is not None and not replica.fits else "it is the fastest that fits")

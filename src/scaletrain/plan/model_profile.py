@@ -54,6 +54,7 @@ class ModelProfile:
     sample: str = "sample"
     cpu_seconds: tuple[float, float] | None = None  # measured forward+backward on this CPU: (fixed, per sample)
     cpu_optimizer_seconds: float | None = None  # measured optimizer step on every parameter, on this CPU
+    assumed_blocks: str | None = None  # what was assumed about the blocks when the shape is unknown
 
     @property
     def params(self) -> int:
@@ -276,8 +277,20 @@ def profile_transformer(layers: int, hidden: int, heads: int, vocab: int, seq: i
     return profile
 
 
+# A transformer of L layers and width h has about 12*L*h^2 parameters in its layers; large ones
+# keep h near 128*L (GPT-3 6.7B: 32 x 4096; LLaMA 7B: 32 x 4096; 70B: 80 x 8192, 102 per layer).
+_WIDTH_PER_LAYER = 128
+
+
 def profile_params(params: float) -> ModelProfile:
-    """Only a parameter count: model state is exact, activations unknown."""
+    """Only a parameter count: model state is exact, activations unknown. FSDP gathers a block at
+    a time, so the blocks matter: assume a transformer's proportions (said in the plan's notes)."""
     count = int(params)
-    return ModelProfile(name=f"{count:,} parameters", shapes=[ParamShape(count, 1, 4)], buffer_bytes=0,
-                        flops_per_sample=None)
+    layers = max(1, round((count / (12 * _WIDTH_PER_LAYER**2)) ** (1 / 3)))
+    size, extra = divmod(count, layers)
+    blocks = [[ParamShape(size + (1 if i < extra else 0), 1, 4)] for i in range(layers)]
+    note = (f"shape unknown: assumed {layers} equal blocks of {size:,.0f} parameters, nothing outside them "
+            f"(a transformer's proportions, 12*L*h^2 with h = {_WIDTH_PER_LAYER}*L); FSDP's gathered "
+            "figure depends on it: give --layers/--hidden/--heads, or a job, for the real blocks")
+    return ModelProfile(name=f"{count:,} parameters", shapes=[s for block in blocks for s in block],
+                        buffer_bytes=0, block_shapes=blocks, flops_per_sample=None, assumed_blocks=note)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ParamShape", "shard_rows", "local_bytes", "optimizer_bytes"]
+__all__ = ["ParamShape", "shard_rows", "local_bytes", "optimizer_bytes", "zero_partition"]
 
 STEP_BYTES = 4  # AdamW keeps a float32 scalar step counter per parameter (on the CPU path)
 
@@ -22,6 +22,7 @@ class ParamShape:
     rows: int  # size of dim 0 (1 for a scalar)
     row_numel: int  # elements per row
     itemsize: int
+    ndim: int = 2  # matrices (>= 2) get weight decay, vectors not: two optimizer groups
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> ParamShape:
@@ -30,7 +31,11 @@ class ParamShape:
         numel = 1
         for size in shape:
             numel *= size
-        return cls(rows, numel // rows if rows else 0, tensor.element_size())
+        return cls(rows, numel // rows if rows else 0, tensor.element_size(), len(shape))
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.row_numel
 
     @property
     def nbytes(self) -> int:
@@ -54,3 +59,16 @@ def optimizer_bytes(shapes: list[ParamShape], optimizer: str, momentum: float, w
     if optimizer == "sgd":
         return weights if momentum else 0
     return 2 * weights + STEP_BYTES * len(shapes)
+
+
+def zero_partition(shapes: list[ParamShape], world: int) -> list[list[ParamShape]]:
+    """Which whole parameters each rank's optimizer holds under ZeRO-1: torch's
+    ZeroRedundancyOptimizer, per optimizer group (matrices, then vectors: engine/optim.py),
+    largest first, each to the rank with the fewest elements so far."""
+    sizes, ranks = [0] * world, [[] for _ in range(world)]
+    for group in ([s for s in shapes if s.ndim >= 2], [s for s in shapes if s.ndim < 2]):
+        for shape in sorted(group, key=lambda s: s.numel, reverse=True):
+            rank = sizes.index(min(sizes))
+            ranks[rank].append(shape)
+            sizes[rank] += shape.numel
+    return ranks

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,6 +30,11 @@ class Strategy(ABC):
     def wrap(self, model: nn.Module, placement: Placement, blocks: Sequence[nn.Module] = ()) -> nn.Module:
         """Move the model to its device and wrap it for this strategy (``blocks``: its
         repeated layers, for strategies that treat them one by one)."""
+
+    def make_optimizer(self, optimizer_class: type[torch.optim.Optimizer], groups: list[dict[str, Any]],
+                       **defaults: Any) -> torch.optim.Optimizer:
+        """The job's optimizer over these parameter groups (ZeRO-1 splits its state)."""
+        return optimizer_class(groups, **defaults)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module (for FSDP: the same module, its parameters sharded)."""
