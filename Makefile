@@ -18,12 +18,12 @@ test: $(STAMP)
 	$(BIN)/python -m pytest tests
 
 # scaletrain against the raw tools (minutes; `make bench ARGS=--full` for the long run):
-# bench/results/latest.json, docs/benchmarks.md, docs/benchmarks.png
+# bench/results/latest/ (summary.json, one file per bench), docs/benchmarks.md, docs/benchmarks.png
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py $(ARGS)
 
 # On a machine with an NVIDIA GPU: bench/gpu_check.py's five checks in under 8 minutes
-# (bench/results/gpu.json); `make gpu-check ARGS="--table"` also fills docs/benchmarks.md.
+# (bench/results/latest/gpu.json); `make gpu-check ARGS="--table"` also fills docs/benchmarks.md.
 # It needs only torch there: scaletrain runs from src/, pydantic comes from .whl/ (below).
 gpu-check:
 	bash bench/gpu_check.sh $(ARGS)

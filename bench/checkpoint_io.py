@@ -204,7 +204,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="intra-op threads; with 2 on a busy 2-core machine the async staging "
                         "copies wait on descheduled OpenMP threads (stalls of 8-240 ms, bimodal)")
-    parser.add_argument("--out", default=str(REPO / "bench/results/checkpoint_io.json"))
+    parser.add_argument("--out", default=str(REPO / "bench/results/latest/checkpoints.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = args.states.split(",")

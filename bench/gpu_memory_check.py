@@ -2,7 +2,7 @@
 ``torch.cuda.max_memory_allocated`` over the first two steps, for single, DDP and FSDP (with and
 without resharding) on every GPU of the node. A tiny_gpt of about 100M parameters.
 
-    .venv/bin/python bench/gpu_memory_check.py --out bench/results/gpu_memory.json
+    .venv/bin/python bench/gpu_memory_check.py --out bench/results/latest/gpu_memory.json
 
 Each rank logs what it holds after its second step (its "model state bytes" line): the state
 bytes it measured (parameters, gradients, optimizer state) and, on CUDA, the peak it allocated

@@ -4,7 +4,7 @@ measured bytes from each rank's log after a real step (parameters, gradients and
 state as the rank holds them), and activations from an independent count of the tensors
 autograd saves, at the job's batch size.
 
-    .venv/bin/python bench/planner_accuracy.py --out bench/results/planner_accuracy.json
+    .venv/bin/python bench/planner_accuracy.py --out bench/results/latest/planner_accuracy.json
 """
 
 from __future__ import annotations

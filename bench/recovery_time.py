@@ -146,7 +146,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=90,
                         help="seconds before a run counts as hung")
     parser.add_argument("--variants", default="scaletrain,torchrun,torchrun-shared")
-    parser.add_argument("--out", default=str(REPO / "bench/results/recovery_time.json"))
+    parser.add_argument("--out", default=str(REPO / "bench/results/latest/recovery.json"))
     args = parser.parse_args()
     variants = {
         "scaletrain": lambda tmp: run_scaletrain(tmp, args.timeout),

@@ -1,5 +1,5 @@
 """`make bench`: every benchmark, scaletrain against the raw tool, in one run on this machine;
-writes bench/results/latest.json, docs/benchmarks.md (the table) and docs/benchmarks.png.
+writes bench/results/latest/summary.json, docs/benchmarks.md (the table) and docs/benchmarks.png.
 
     .venv/bin/python bench/run_all.py            # quick: 8-10 minutes on 2 cores
     .venv/bin/python bench/run_all.py --full     # more steps and repeats
@@ -200,7 +200,7 @@ def markdown(report: dict) -> str:
         "machine noise hits both; values are medians with [min-max] over the repeats. Ratios are",
         "scaletrain / raw (for throughput higher is better, for times lower is better; for tracking the",
         "fraction lost). The raw baselines are in `bench/baselines/`; each bench's method is in its",
-        "docstring. Raw results: `bench/results/latest.json`.",
+        "docstring. Raw results: `bench/results/latest/` (summary.json and one file per bench).",
         "",
         "| comparison | scaletrain | raw tool | ratio | target | met |",
         "|---|---|---|---|---|---|",
@@ -281,14 +281,14 @@ def main() -> None:
             results[name] = {**run_bench(name, args.full), "ran_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         elif previous.exists():
             results[name] = {**json.loads(previous.read_text()), "ran_at": "an earlier run"}
-    if args.render and (RESULTS / "latest.json").exists():
-        earlier = json.loads((RESULTS / "latest.json").read_text())
+    if args.render and (RESULTS / "latest" / "summary.json").exists():
+        earlier = json.loads((RESULTS / "latest" / "summary.json").read_text())
         mode, date = earlier["mode"], earlier["date"]
     else:
         mode, date = ("full" if args.full else "quick"), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     report = {"mode": mode, "date": date, "machine": machine(), "results": results}
     report["table"] = rows(results)
-    (RESULTS / "latest.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / "latest" / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
     (REPO / "docs" / "benchmarks.md").write_text(markdown(report))
     chart(report, REPO / "docs" / "benchmarks.png")
     print((REPO / "docs" / "benchmarks.md").read_text())

@@ -170,7 +170,7 @@ def test_collective_calls_per_step_and_their_cost_on_a_cpu():
     """tiny_gpt (2 blocks and parameters outside them) on 2 ranks: DDP sends one bucket; FSDP
     gathers each block in forward and again in backward, reduce-scatters it, gathers and
     reduces the root once, and all-reduces the gradient norm. On CPU workers, where each call
-    costs milliseconds, that makes FSDP the slower one (measured: bench/results/strategies.json)."""
+    costs milliseconds, that makes FSDP the slower one (measured: bench/results/latest/strategies.json)."""
     from scaletrain.plan.hardware import CPU_COLLECTIVE_S, Hardware
 
     profile = profile_task(TASKS["tiny_gpt"](), "tiny_gpt")
