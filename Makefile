@@ -15,6 +15,7 @@ run: $(STAMP)
 	$(BIN)/scaletrain run examples/digits.yaml
 
 test: $(STAMP)
+	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest tests
 
 # scaletrain against the raw tools (minutes; `make bench ARGS=--full` for the long run):

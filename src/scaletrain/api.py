@@ -12,9 +12,9 @@ from typing import Any
 from scaletrain.config import job_to_yaml, load_job, parse_job
 from scaletrain.config.schema import JobConfig
 from scaletrain.errors import RunInterrupted, RunPreempted, ScaletrainError
+from scaletrain.rundir import JOB_FILE, LOGS_DIR, RUN_CARD_FILE, SUMMARY_FILE, TRACKING_TAGS_ENV, WEIGHTS_FILE
 from scaletrain.tracking.logs import LAUNCHER_LOGGER_NAME, LogContext, setup_logging
 from scaletrain.tracking.redact import Redactor
-from scaletrain.rundir import JOB_FILE, LOGS_DIR, RUN_CARD_FILE, SUMMARY_FILE, TRACKING_TAGS_ENV, WEIGHTS_FILE
 
 __all__ = ["run", "resume", "resolve_job", "preflight"]
 

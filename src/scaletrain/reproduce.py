@@ -20,6 +20,7 @@ import stat
 import tempfile
 from pathlib import Path
 from typing import Any
+
 from scaletrain.rundir import JOB_FILE, RUN_CARD_FILE, SPEC_FILE, SUMMARY_FILE
 
 __all__ = ["reproduce"]

@@ -201,7 +201,7 @@ def test_a_worker_failing_on_another_node_is_named_by_the_driver(tmp_path, s3_se
     job = node_job(tmp_path, task={"args": {"fail_rank": 1, "fail_at_step": 3}},
                    recovery={"max_restarts": 0}, checkpoint={"at_end": False})
     driver, other = start_nodes(tmp_path, job)
-    first, second = driver.wait(), other.wait()
+    first, _second = driver.wait(), other.wait()
     assert (driver.code, other.code) == (1, 1)
     # Not the driver's own ranks losing their peer: rank 1's error, from node 1.
     assert first["error"].startswith("worker rank 1 failed: RuntimeError: injected failure on rank 1")

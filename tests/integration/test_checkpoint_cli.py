@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.run import scaletrain_cli
-from tests.integration.test_cli import assert_one_error_line, write_job
 from tests.helpers.tasks import toy_job
+from tests.integration.test_cli import assert_one_error_line, write_job
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ pytest.importorskip("s3fs")
 from scaletrain.checkpoint.manifest import FileEntry, Manifest, ManifestError  # noqa: E402
 from scaletrain.checkpoint.storage import open_storage  # noqa: E402
 
+
 @pytest.fixture
 def location(tmp_path):
     """A run's prefix of its own in the module's bucket."""

@@ -334,7 +334,8 @@ def test_a_trial_that_prints_a_lot_never_blocks_and_its_files_are_private(tmp_pa
     (a task printing over 64 KiB blocked there for good); its job file, the only unredacted
     copy, is its owner's alone; a failure's reason comes from the outcome it printed."""
     pytest.importorskip("ray")
-    from scaletrain.tune.trial import _trial_error, start_trial_job as _start_trial_job
+    from scaletrain.tune.trial import _trial_error
+    from scaletrain.tune.trial import start_trial_job as _start_trial_job
 
     job = secret_job(tmp_path, task={"args": {"print_kib": 256}}, train={"max_steps": 2, "log_every": 1})
     started = time.monotonic()

@@ -16,7 +16,6 @@ from scaletrain.checkpoint.manifest import (
     CheckpointRefused,
     FileEntry,
     Manifest,
-    ManifestError,
     file_path,
 )
 from scaletrain.checkpoint.retention import RetentionPolicy, to_delete

@@ -6,14 +6,13 @@ import sys
 
 import pytest
 import torch
-from torch import nn
 from torch.utils.data import default_collate
 
+from scaletrain.engine.state_bytes import measure_state_bytes
 from scaletrain.plan import plan_what_if
 from scaletrain.plan.estimate import make_plan, state_bytes_per_rank
 from scaletrain.plan.hardware import named_gpu
 from scaletrain.plan.model_profile import profile_task
-from scaletrain.engine.state_bytes import measure_state_bytes
 from tests.helpers.measure import saved_tensor_bytes
 from tests.helpers.run import REPO, scaletrain_cli
 

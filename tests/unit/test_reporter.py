@@ -3,8 +3,6 @@
 import json
 import logging
 
-import pytest
-
 from scaletrain.config import parse_job
 from scaletrain.rundir import RunSpec
 from scaletrain.tracking.logs import LogContext

@@ -1,9 +1,9 @@
+import sys
+
 import pytest
 import torch
 
 from scaletrain.errors import TaskError
-import sys
-
 from scaletrain.task import (
     build_task,
     check_task_args,

@@ -7,8 +7,8 @@ import pytest
 from safetensors.torch import load_file
 
 import scaletrain
-from scaletrain.engine.weights import state_dict_sha256
 from scaletrain.engine.trainer import TrainingDiverged
+from scaletrain.engine.weights import state_dict_sha256
 from scaletrain.errors import WorkerFailedError
 from tests.helpers.run import read_metrics
 from tests.helpers.tasks import toy_job

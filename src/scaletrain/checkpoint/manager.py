@@ -165,7 +165,7 @@ class CheckpointManager:
             pending.error = exc
             pending.done.set()
         else:
-            assert self._jobs is not None
+            assert self._jobs is not None  # noqa: S101  an invariant: set when async saves start
             self._jobs.put((pending, staged))
         self._pending = pending
 

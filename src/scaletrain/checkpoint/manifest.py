@@ -19,7 +19,6 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from scaletrain.rundir import CHECKPOINT_KEY_ENV
 

@@ -24,9 +24,9 @@ import shutil
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from scaletrain.rundir.atomic import fsync_dir, write_text_atomic
 from scaletrain.checkpoint.manifest import MANIFEST_FILE, Manifest, ManifestError, file_path
 from scaletrain.errors import ConfigError
+from scaletrain.rundir.atomic import fsync_dir, write_text_atomic
 
 __all__ = [
     "CheckpointStorage",

@@ -10,7 +10,14 @@ from typing import Annotated
 import typer
 
 from scaletrain.cli.app import (
-    AddressOpt, EngineOpt, JobArg, OutcomeJsonOpt, ResultJsonOpt, SetOpt, app, scale_overrides,
+    AddressOpt,
+    EngineOpt,
+    JobArg,
+    OutcomeJsonOpt,
+    ResultJsonOpt,
+    SetOpt,
+    app,
+    scale_overrides,
     user_errors,
 )
 from scaletrain.cli.train import preflight_only

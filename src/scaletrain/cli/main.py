@@ -8,6 +8,8 @@ Bad input ends with one ``error: ...`` line and exit code 2; a failed run with e
 
 from __future__ import annotations
 
+# ruff: noqa: I001  the imports' order is the commands' order in --help
+
 from scaletrain.cli import train  # noqa: F401  run, resume
 from scaletrain.cli import tune  # noqa: F401  tune
 from scaletrain.cli import plan  # noqa: F401  plan

@@ -102,5 +102,5 @@ def ui(
     typer.echo(f"MLflow UI for {redact_url(store)} at http://127.0.0.1:{port}", err=True)
     # The store goes in the environment, not on the command line every local user can read
     # (ps, /proc/*/cmdline): a database URI holds its password.
-    os.execve(mlflow_bin, [mlflow_bin, "ui", "--host", "127.0.0.1", "--port", str(port)],
+    os.execve(mlflow_bin, [mlflow_bin, "ui", "--host", "127.0.0.1", "--port", str(port)],  # noqa: S606  our venv's mlflow, fixed argv
               {**os.environ, "MLFLOW_BACKEND_STORE_URI": store})

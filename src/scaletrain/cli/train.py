@@ -13,7 +13,14 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from scaletrain.cli.app import (
-    AddressOpt, EngineOpt, JobArg, OutcomeJsonOpt, SetOpt, app, scale_overrides, user_errors,
+    AddressOpt,
+    EngineOpt,
+    JobArg,
+    OutcomeJsonOpt,
+    SetOpt,
+    app,
+    scale_overrides,
+    user_errors,
 )
 from scaletrain.cli.render import print_checks, print_summary
 from scaletrain.errors import RunPreempted, ScaletrainError

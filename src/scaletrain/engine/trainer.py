@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,20 +18,25 @@ from scaletrain.checkpoint.manager import CheckpointManager
 from scaletrain.config.schema import JobConfig
 from scaletrain.data.loader import eval_loader, train_loader
 from scaletrain.data.sampler import DataLayout, derive_seed
+from scaletrain.distributed import collectives
 from scaletrain.distributed.device import Placement, autocast, seed_rng
 from scaletrain.distributed.env import DistEnv
-from scaletrain.distributed import collectives
 from scaletrain.engine.checkpointing import Checkpointer
 from scaletrain.engine.control import Control, Decision
 from scaletrain.engine.evaluate import eval_batches, evaluate
 from scaletrain.engine.metrics import (
-    MetricsWindow, StepOutput, TrainingDiverged, mean_loss, mean_metrics, step_time_summary,
+    MetricsWindow,
+    StepOutput,
+    TrainingDiverged,
+    mean_loss,
+    mean_metrics,
+    step_time_summary,
 )
 from scaletrain.engine.optim import build_optimizer
 from scaletrain.engine.schedule import LRSchedule, build_scheduler
+from scaletrain.engine.state_bytes import measure_state_bytes
 from scaletrain.engine.weights import state_dict_sha256
 from scaletrain.errors import ScaletrainError
-from scaletrain.engine.state_bytes import measure_state_bytes
 from scaletrain.strategies import get_strategy
 from scaletrain.strategies.activation_checkpoint import checkpoint_blocks
 from scaletrain.strategies.blocks import find_blocks

@@ -7,9 +7,9 @@ from typing import Any
 from scaletrain.distributed.env import DistEnv
 from scaletrain.errors import ScaletrainError
 from scaletrain.launch.base import Launcher, checked_result
+from scaletrain.launch.worker import run_worker
 from scaletrain.recovery.root_cause import worker_error
 from scaletrain.rundir import RunSpec
-from scaletrain.launch.worker import run_worker
 
 __all__ = ["InProcessLauncher"]
 
@@ -18,7 +18,8 @@ class InProcessLauncher(Launcher):
     name = "in-process"
 
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
-        assert workers == 1, "the in-process launcher runs exactly one worker"
+        if workers != 1:  # launcher_name picks this launcher only for one worker
+            raise ValueError(f"the in-process launcher runs exactly one worker, not {workers}")
         try:
             # An explicit env: a stray RANK/WORLD_SIZE in the shell must not change the job.
             result = run_worker(spec, DistEnv())

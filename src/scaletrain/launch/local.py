@@ -18,14 +18,14 @@ from typing import Any
 
 import psutil
 
-from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.config.schema import JobConfig
 from scaletrain.errors import RunInterrupted, StopTimedOut
 from scaletrain.launch.base import Launcher, checked_result
-from scaletrain.recovery.root_cause import failure_files, worker_error
 from scaletrain.launch.rendezvous import Rendezvous
 from scaletrain.launch.rendezvous import register as register_rendezvous
+from scaletrain.recovery.root_cause import failure_files, worker_error
 from scaletrain.rundir import RESTART_COUNT_ENV, RunSpec
+from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.tracking.logs import route_loggers_to_file
 from scaletrain.tracking.redact import Redactor
 

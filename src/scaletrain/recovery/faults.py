@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass
 
 from scaletrain.errors import ConfigError
+from scaletrain.rundir import DENY_WRITES_ENV, FAULT_ENV
+
 # DENY_WRITES_ENV: a worker may not write under this folder (the driver's run directory, which
 # a worker on another machine cannot reach): any attempt raises PermissionError.
-from scaletrain.rundir import DENY_WRITES_ENV, FAULT_ENV
 
 __all__ = ["Fault", "FaultPlan", "FAULT_ENV", "parse_faults", "DENY_WRITES_ENV", "deny_writes"]
 

@@ -19,7 +19,13 @@ from scaletrain.config import parse_job
 from scaletrain.config.schema import JobConfig
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.rundir import (
-    CHECKPOINT_CACHE_DIR, LOGS_DIR, SPEC_FILE, SUMMARY_FILE, RunLock, RunSpec, check_run_ref,
+    CHECKPOINT_CACHE_DIR,
+    LOGS_DIR,
+    SPEC_FILE,
+    SUMMARY_FILE,
+    RunLock,
+    RunSpec,
+    check_run_ref,
     worker_log_name,
 )
 

@@ -16,7 +16,13 @@ from typing import Any
 from scaletrain.errors import ConfigError
 from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.rundir.names import (
-    LAUNCHER_LOG, LOGS_DIR, NODE_RESULT_FILE, SPEC_FILE, worker_error_name, worker_log_name, worker_stacks_name,
+    LAUNCHER_LOG,
+    LOGS_DIR,
+    NODE_RESULT_FILE,
+    SPEC_FILE,
+    worker_error_name,
+    worker_log_name,
+    worker_stacks_name,
 )
 
 __all__ = ["RunSpec", "new_run_id", "check_run_ref"]

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import contextlib
+from collections.abc import Sequence
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel

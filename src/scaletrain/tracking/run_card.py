@@ -10,7 +10,6 @@ the launcher logs it to MLflow. ``scaletrain reproduce`` compares two of them.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import socket
@@ -21,10 +20,10 @@ from typing import Any
 
 import torch
 
+from scaletrain.rundir import RUN_CARD_FILE
 from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.tracking.git_state import git_state
 from scaletrain.tracking.redact import Redactor
-from scaletrain.rundir import RUN_CARD_FILE
 
 __all__ = ["build_run_card", "write_run_card", "data_fingerprint", "compare_run_cards"]
 

@@ -29,8 +29,8 @@ class SearchRun:
         try:
             from mlflow import MlflowClient
 
-            from scaletrain.tracking.mlflow_run import experiment_for, resolve_tracking_uri
             from scaletrain.tracking.mlflow_client import configure_mlflow_client
+            from scaletrain.tracking.mlflow_run import experiment_for, resolve_tracking_uri
 
             configure_mlflow_client()
             uri = resolve_tracking_uri(job)
@@ -56,7 +56,7 @@ class SearchRun:
         if self.client is not None and self.run_id is not None:
             try:
                 self.client.set_terminated(self.run_id, "KILLED")
-            except Exception:
+            except Exception:  # noqa: S110  interrupted anyway: a tracker down must not hide that
                 pass
 
     def finish(self, best: dict[str, Any] | None, rows: list[dict[str, Any]], metric: str) -> None:

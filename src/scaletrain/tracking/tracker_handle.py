@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.config.schema import JobConfig
-from scaletrain.tracking.redact import redact_url
 from scaletrain.rundir import EXTRA_TAGS_ENV, MLFLOW_RUN_FILE, TRACKING_DIR
+from scaletrain.tracking.redact import redact_url
 
 __all__ = ["TrackingSession", "record_run", "recorded_run"]
 
@@ -73,7 +73,7 @@ class TrackingSession:
 
     def start(self) -> TrackingSession:
         """Start the tracking process (it reads the run's spec.json, written before)."""
-        self._proc = subprocess.Popen(
+        self._proc = subprocess.Popen(  # noqa: S603  this interpreter and our module, no shell
             [sys.executable, "-m", "scaletrain.tracking.tracker_process", str(self.run_dir),
              str(self.spec.launcher_log), self.engine, str(self._max_backoff)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -84,7 +84,7 @@ class TrackingSession:
         return self
 
     def _read(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
+        assert self._proc is not None and self._proc.stdout is not None  # noqa: S101  started with pipes
         for line in self._proc.stdout:
             try:
                 message = json.loads(line)
@@ -107,7 +107,7 @@ class TrackingSession:
 
     def close(self, summary: dict[str, Any], status: str, artifacts: list[tuple[Path, str | None]]) -> None:
         """Deliver what is left within ``tracking.flush_timeout_s``, log ``artifacts``, end the run."""
-        assert self._proc is not None and self._proc.stdin is not None
+        assert self._proc is not None and self._proc.stdin is not None  # noqa: S101  started with pipes
         deadline = self._deadline or time.monotonic() + self.config.tracking.flush_timeout_s
         timeout = max(0.0, deadline - time.monotonic())
         tags: dict[str, Any] = {}

@@ -80,8 +80,8 @@ def _open_run(config: Any, spec: Any, engine: str, extra_tags: dict[str, str], l
               commands: _Commands, max_backoff_s: float) -> Any:
     """The job's MLflow run, reopened on resume; retried with backoff until it opens or the
     launcher says the attempt is over (then None)."""
-    from scaletrain.tracking.mlflow_run import TrackingRun
     from scaletrain.tracking.mlflow_client import configure_mlflow_client
+    from scaletrain.tracking.mlflow_run import TrackingRun
     from scaletrain.tracking.tracker_handle import record_run, recorded_run
 
     run_dir = Path(spec.run_dir)

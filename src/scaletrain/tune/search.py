@@ -30,17 +30,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.config import job_to_yaml
 from scaletrain.config.loading import parse_job
 from scaletrain.config.schema import JobConfig
 from scaletrain.errors import ConfigError, SearchInterrupted
+from scaletrain.rundir import SUMMARY_FILE, TRACKING_TAGS_ENV
+from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.tracking.redact import Redactor
 from scaletrain.tracking.search_run import SearchRun
 from scaletrain.tune.options import SearchOptions
 from scaletrain.tune.space import Dimension, load_space
 from scaletrain.tune.trial import overrides, trial_class
-from scaletrain.rundir import SUMMARY_FILE, TRACKING_TAGS_ENV
 
 __all__ = ["SearchOptions", "run_search", "TRACKING_TAGS_ENV", "SearchInterrupted"]
 

@@ -121,7 +121,7 @@ def start_trial_job(trial_id: str, config: dict[str, Any], job: dict, directory:
     # The child holds its own copies of these files; ours close when Popen has started it.
     with _private_append(trial_dir / "stdout.log") as stdout, \
             _private_append(trial_dir / "console.log") as console:
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(  # noqa: S603  this interpreter running scaletrain, no shell
             [sys.executable, "-m", "scaletrain", *command], stdout=stdout, stderr=console,
             env=env, cwd=search_path[0] if search_path else None, preexec_fn=_stop_with_parent,
         )

@@ -39,8 +39,8 @@ CONNECT_TIMEOUT_S = 60.0
 # which belongs to this machine's clusters, only to a cluster on this machine. RAY_AUTH_MODE,
 # when set, is the user's choice and stands.
 
-_TOKEN_FILE = "~/.ray/auth_token"
-_TOKEN_HINT = "`ray get-auth-token` on the head prints it"
+_TOKEN_FILE = "~/.ray/auth_token"  # noqa: S105  a file name / hint text, not a secret
+_TOKEN_HINT = "`ray get-auth-token` on the head prints it"  # noqa: S105  a file name / hint text, not a secret
 
 
 def check_cluster_answers(address: str, timeout_s: float) -> str | None:

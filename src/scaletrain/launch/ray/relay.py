@@ -19,9 +19,18 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
 from scaletrain.rundir import (
-    LOGS_DIR, METRICS_FILE, NODE_DIR_ENV, RAY_NODE_LOCAL_ENV, RUN_CARD_FILE, TRACKING_DIR, WEIGHTS_FILE, worker_error_name,
-    worker_log_name, worker_stacks_name,
+    LOGS_DIR,
+    METRICS_FILE,
+    NODE_DIR_ENV,
+    RAY_NODE_LOCAL_ENV,
+    RUN_CARD_FILE,
+    TRACKING_DIR,
+    WEIGHTS_FILE,
+    worker_error_name,
+    worker_log_name,
+    worker_stacks_name,
 )
 
 __all__ = ["RunDirRelay", "write_relayed", "read_asked", "local_dir_for", "NODE_DIR_ENV", "FORCE_LOCAL_ENV"]
@@ -90,7 +99,7 @@ class RunDirRelay:
                     with self._lock:
                         self._send_from(relpath, 0, whole=True)
                     sent = now
-                except Exception:  # the driver may be gone; its error says so
+                except Exception:  # noqa: S110  the driver may be gone; its error says so
                     pass
             last = now
 
@@ -127,7 +136,7 @@ class RunDirRelay:
         while not self._done.wait(0.5):
             try:
                 self._send_tails()
-            except Exception:  # the driver may be gone; the end says so
+            except Exception:  # noqa: S110  the driver may be gone; the end says so
                 pass
 
     def _send_tails(self) -> None:
@@ -187,7 +196,7 @@ class RunDirRelay:
                     self._send_from(relpath, 0, whole=True)
                 log = f"{LOGS_DIR}/{worker_log_name(self.rank)}"
                 self._send_from(log, self._sent.get(log, 0), whole=False)
-        except Exception:
+        except Exception:  # noqa: S110  best effort while failing: the worker's own error goes on
             pass
 
 
