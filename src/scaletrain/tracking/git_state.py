@@ -22,7 +22,8 @@ _SAFE_DIFF = ("diff", "--no-ext-diff", "--no-textconv", "--no-color")
 def _git(*args: str) -> str | None:
     try:
         return subprocess.run(  # noqa: S603  fixed git arguments, never a shell
-            ["git", *_SAFE, *args],  # noqa: S607  the user's git on PATH, as they run it capture_output=True, text=True, timeout=10, check=True
+            ["git", *_SAFE, *args],  # noqa: S607  the user's git on PATH, as they run it
+            capture_output=True, text=True, timeout=10, check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
