@@ -16,7 +16,8 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests
-	$(BIN)/python -m pytest tests
+	$(BIN)/mypy src
+	$(BIN)/python -m pytest tests --cov --cov-report=term
 
 # scaletrain against the raw tools (minutes; `make bench ARGS=--full` for the long run):
 # bench/results/latest/ (summary.json, one file per bench), docs/benchmarks.md, docs/benchmarks.png

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ def resolve_job(
     elif isinstance(job, dict):
         config = parse_job(job, overrides)
     else:
-        config = load_job(job, overrides)
+        config = load_job(Path(job), overrides)
         search_path.append(str(Path(job).resolve().parent))
     return config, search_path
 
@@ -138,7 +139,7 @@ def _open_rendezvous(config: JobConfig, spec: Any) -> Any:
 
 def _launch(
     config: JobConfig, spec: Any, started_at: float, tracking_tags: dict[str, str] | None,
-    notes: list[str] = (), rendezvous: Any = None, lock: Any = None,
+    notes: Sequence[str] = (), rendezvous: Any = None, lock: Any = None,
 ) -> dict[str, Any]:
     from scaletrain.distributed.device import check_local_workers, threads_per_worker
     from scaletrain.launch import launcher_for
@@ -280,10 +281,10 @@ def _run_attempt(
             error=str(exc) or type(exc).__name__,
             wall_time_s=round(time.time() - started_at, 3),
         )
-        if preempted:
+        if isinstance(exc, RunPreempted):
             summary.update(steps=exc.step, checkpoint_step=exc.checkpoint_step)
         elif getattr(exc, "steps", None) is not None:  # a failed rank said how far it got
-            summary["steps"] = exc.steps
+            summary["steps"] = getattr(exc, "steps")
         _close(summary, run_dir, tracking, "KILLED" if interrupted else "FAILED", Redactor.for_config(spec.job))
         raise
     first_step_at = result.get("first_step_at")

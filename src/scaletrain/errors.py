@@ -91,6 +91,8 @@ class RunPreempted(ScaletrainError):
 
     exit_code = PREEMPTED_EXIT_CODE
 
+    step: int | None  # None: killed before the agreed step was known (StopTimedOut)
+
     def __init__(self, signal_name: str, step: int, checkpoint_step: int | None, run_dir: str):
         self.signal_name, self.step, self.checkpoint_step, self.run_dir = (
             signal_name, step, checkpoint_step, run_dir

@@ -228,7 +228,7 @@ def _newest_checkpoint_bytes(location: str) -> int | None:
     try:
         storage = open_storage(location)
         names = storage.names()
-        return storage.read_manifest(names[-1]).total_bytes() if names else None
+        return storage.read_manifest(names[-1]).total_bytes if names else None
     except Exception:  # unreadable: the restore will say why, with the run's own messages
         return None
 

@@ -45,7 +45,7 @@ def reproduce(run_ref: str, uri: str, announce: Any = print,
     search_path = _import_folders(python_path, announce)
     if recorded_card:
         current = build_run_card(
-            config.model_dump(mode="json"), recorded_card.get("data_fingerprint"), config.scale.workers
+            config.model_dump(mode="json"), recorded_card.get("data_fingerprint"), config.scale.workers  # type: ignore[arg-type]  # an older card without a fingerprint compares as missing
         )
         before = compare_run_cards(recorded_card, current)
     else:

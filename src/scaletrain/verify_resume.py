@@ -62,7 +62,7 @@ def verify_resume(
         problem = (f"the restarted workers found no checkpoint (one was due at step {save_every}) and "
                    "trained from step 0, which tests nothing about resuming")
     elif not match:
-        problem = first_diff
+        problem = first_diff or "the weights differ"
     else:
         problem = None
     return {

@@ -154,6 +154,7 @@ def made_run(checkout):
     assert (checkout.root / "mlflow.db").is_file(), "make run tracks into ./mlflow.db"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["world_size"] == 2, result.stderr[-2000:]
+    assert summary["strategy"] == "ddp" and summary["eval"]["accuracy"] >= 0.95  # the example learns
     return summary
 
 

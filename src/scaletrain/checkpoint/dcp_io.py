@@ -187,7 +187,7 @@ class _NotPlain(Exception):
 # torch 2.11's DefaultStager clears its deep-copy dispatch table at the end of every stage (to
 # break a reference cycle), so its second stage raises KeyError: <class 'type'>; 2.12 stopped
 # doing that. There one stager serves one save (found on a torch 2.11 GPU machine's files).
-_STAGER_REUSABLE = torch.torch_version.TorchVersion(torch.__version__) >= (2, 12)
+_STAGER_REUSABLE = torch.torch_version.TorchVersion(torch.__version__) >= (2, 12)  # type: ignore[operator]  # TorchVersion compares with tuples
 
 
 class Stager:

@@ -400,7 +400,7 @@ class CheckpointManager:
         error = ""
         if self.local_rank == 0 and self.rank != 0:
             try:
-                choice.manifest.check_dir(self.storage.local_copy(choice.name, choice.manifest, cache))
+                choice.manifest.check_dir(self.storage.local_copy(choice.name, choice.manifest, cache))  # type: ignore[union-attr,arg-type]  # a choice without an error has its manifest
             except (ManifestError, OSError) as exc:
                 where = self.storage.describe(choice.name)
                 error = f"checkpoint {where} failed verification on this machine: {exc}"

@@ -31,11 +31,12 @@ def to_delete(committed: dict[str, Manifest], policy: RetentionPolicy) -> list[s
     if policy.keep_every:
         keep |= {n for n in by_step if committed[n].step % policy.keep_every == 0}
     if policy.best_metric:
+        best_metric = policy.best_metric
         # A NaN or infinite value ranks nowhere: it is not a best (NaN would sort anywhere).
-        scored = [n for n in by_step if _finite(committed[n].metrics.get(policy.best_metric))]
+        scored = [n for n in by_step if _finite(committed[n].metrics.get(best_metric))]
         sign = 1.0 if policy.best_mode == "min" else -1.0
         # Ties go to the newer checkpoint.
-        scored.sort(key=lambda n: (sign * committed[n].metrics[policy.best_metric], -committed[n].step))
+        scored.sort(key=lambda n: (sign * committed[n].metrics[best_metric], -committed[n].step))
         keep |= set(scored[: policy.best_count])
     return [n for n in by_step if n not in keep]
 

@@ -77,7 +77,7 @@ def _estimate(job: str | None, overrides: list[str], params: float | None,
         missing = [f"--{k}" for k, v in dims.items() if not v]
         if missing:
             raise ConfigError(f"a transformer what-if needs {', '.join(missing)} as well")
-        return plan_what_if(shape=shape, **what_if)
+        return plan_what_if(shape={k: v for k, v in shape.items() if v is not None}, **what_if)
     if params is not None:
         if params <= 0:
             raise ConfigError(f"--params must be a positive count, got {params:g}")

@@ -134,7 +134,7 @@ def parse_job(
 def _without_misspelt(errors: list[Any]) -> list[Any]:
     """A required key written with a typo is one problem, not two: 'optim.lrr: unknown key;
     did you mean 'lr'?' says it all, so 'optim.lr: required' is left out."""
-    meant = set()
+    meant: set[tuple[str, ...]] = set()
     for err in errors:
         loc = tuple(map(str, err["loc"]))
         if err["type"] == "extra_forbidden" and (model := _model_at(loc)) is not None:
@@ -268,7 +268,7 @@ def _describe(err: dict[str, Any]) -> str:
     if kind == "extra_forbidden":
         return f"{path}: unknown key{_suggestion(loc)}"
     if kind == "missing" and index is not None:  # a tuple field with too few elements
-        expected = _expected(field, None, None, False)
+        expected = _expected(field, None, None, False)  # type: ignore[arg-type]  # a tuple field's element: field is set
         return f"{'.'.join(loc[:-1])}: must be {expected}, got {_show(err['input'])}"
     if kind == "missing":
         return f"{path}: required; add it to the job file"
@@ -373,7 +373,7 @@ def _expected(field: FieldInfo, index: int | None, unit: str | None, full: bool)
     optional = type(None) in typing.get_args(annotation)
     args = typing.get_args(_unwrap(annotation))
     if index is not None and index < len(args):
-        annotation, metadata, optional = typing.Optional[args[index]], [], False
+        annotation, metadata, optional = typing.Optional[args[index]], [], False  # type: ignore[assignment]  # a type form, as the annotation
     bounds: dict[str, float] = {}
     for item in _constraints(annotation, metadata):
         for name in ("gt", "ge", "lt", "le"):

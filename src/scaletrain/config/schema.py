@@ -96,8 +96,17 @@ WaitSeconds = Annotated[float, Field(ge=0, le=MAX_SECONDS), _Number]  # 0: do no
 Steps = Annotated[int, Field(ge=1, le=MAX_STEPS), _Number]
 
 
-def _count(high: int, low: int = 1) -> Any:
-    return Annotated[int, Field(ge=low, le=high), _Number]
+# Counts, bounded (written out: a type checker reads no function call as a type).
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH), _Number]
+CoresOrZero = Annotated[int, Field(ge=0, le=MAX_CORES), _Number]
+StepsOrZero = Annotated[int, Field(ge=0, le=MAX_STEPS), _Number]
+Epochs = Annotated[int, Field(ge=1, le=MAX_EPOCHS), _Number]
+GradAccum = Annotated[int, Field(ge=1, le=MAX_GRAD_ACCUM), _Number]
+Workers = Annotated[int, Field(ge=1, le=MAX_WORKERS), _Number]
+Cores = Annotated[int, Field(ge=1, le=MAX_CORES), _Number]
+Keep = Annotated[int, Field(ge=1, le=MAX_KEEP), _Number]
+Restarts = Annotated[int, Field(ge=0, le=MAX_RESTARTS), _Number]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED), _Number]
 
 
 def _parse_nodes(nodes: Any) -> int | str:
@@ -198,8 +207,8 @@ class TaskConfig(Section):
 
 
 class DataConfig(Section):
-    batch_size: _count(MAX_BATCH) = Field(description="samples per worker per micro-step")
-    loader_workers: _count(MAX_CORES, low=0) = Field(
+    batch_size: BatchSize = Field(description="samples per worker per micro-step")
+    loader_workers: CoresOrZero = Field(
         0, description="DataLoader worker processes per training worker"
     )
     shuffle: bool = Field(True, description="reshuffle every epoch (seeded)")
@@ -212,14 +221,14 @@ class OptimConfig(Section):
     betas: tuple[Decay, Decay] = (0.9, 0.999)
     momentum: Decay = Field(0.0, description="SGD only")
     schedule: Literal["constant", "cosine", "linear"] = "cosine"
-    warmup_steps: _count(MAX_STEPS, low=0) = 0
+    warmup_steps: StepsOrZero = 0
     min_lr_ratio: Fraction = Field(0.0, description="final lr as a fraction of the peak lr")
 
 
 class TrainConfig(Section):
     max_steps: Steps | None = Field(None, description="optimizer steps to run")
-    epochs: _count(MAX_EPOCHS) | None = Field(None, description="or: passes over the training data")
-    grad_accum: _count(MAX_GRAD_ACCUM) = Field(1, description="micro-steps per optimizer step")
+    epochs: Epochs | None = Field(None, description="or: passes over the training data")
+    grad_accum: GradAccum = Field(1, description="micro-steps per optimizer step")
     clip_grad_norm: PositiveFloat | None = Field(None, description="max global grad norm")
     precision: Literal["fp32", "bf16"] = "fp32"
     eval_every: Steps | None = Field(None, description="evaluate every N steps (and at the end)")
@@ -253,14 +262,14 @@ class FSDPConfig(Section):
     cpu_offload: bool = Field(
         False, description="keep sharded parameters, gradients and optimizer state in CPU memory"
     )
-    shard_size: _count(MAX_WORKERS) | None = Field(
+    shard_size: Workers | None = Field(
         None, description="hsdp: ranks in one shard group (default: the workers on one node); "
         "groups replicate each other"
     )
 
 
 class ScaleConfig(Section):
-    workers: _count(MAX_WORKERS) = Field(
+    workers: Workers = Field(
         1, description="training processes (on this machine, or on the Ray cluster)"
     )
     engine: Literal["local", "ray"] = Field(
@@ -290,7 +299,7 @@ class ScaleConfig(Section):
         False, description="recompute each block's activations in backward instead of keeping them "
         "(any strategy; blocks: the task's blocks(model), else the repeated layers found in the model)"
     )
-    threads_per_worker: _count(MAX_CORES) | None = Field(
+    threads_per_worker: Cores | None = Field(
         None,
         description="intra-op threads per worker (default: local: cores / workers; ray: "
         "cpus_per_worker)",
@@ -426,7 +435,7 @@ class KeepBest(Section):
 
     metric: str = Field(description="a metric name as logged, e.g. 'eval/loss' or 'train/loss'")
     mode: Literal["min", "max"] = "min"
-    count: _count(MAX_KEEP) = 1
+    count: Keep = 1
 
 
 class CheckpointConfig(Section):
@@ -442,7 +451,7 @@ class CheckpointConfig(Section):
         Field(None, description="save every N minutes of training")
     )
     at_end: bool = Field(True, description="save after the last step")
-    keep_last: _count(MAX_KEEP) = Field(2, description="keep the newest N checkpoints")
+    keep_last: Keep = Field(2, description="keep the newest N checkpoints")
     keep_best: KeepBest | None = Field(None, description="also keep the best K by a metric")
     keep_every: Steps | None = Field(
         None, description="also keep every checkpoint whose step is a multiple of N"
@@ -459,7 +468,7 @@ class CheckpointConfig(Section):
 class RecoveryConfig(Section):
     """What happens when a worker fails, hangs or is preempted."""
 
-    max_restarts: _count(MAX_RESTARTS, low=0) = Field(
+    max_restarts: Restarts = Field(
         0, description="restart all workers from the newest verified checkpoint up to N times"
     )
     grace_period_s: Seconds = Field(
@@ -488,7 +497,7 @@ class JobConfig(Section):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
-    seed: _count(MAX_SEED, low=0) = 0
+    seed: Seed = 0
     deterministic: bool = Field(False, description="use deterministic kernels (slower)")
     run_dir: str = Field("runs", description="where run directories are created")
 

@@ -110,7 +110,7 @@ class GlobalBatchSampler(Sampler[SeededBatch]):
             if epoch != cached_epoch:
                 cached_epoch, order = epoch, self.epoch_order(epoch)
             for micro in range(self.layout.grad_accum):
-                batch = SeededBatch(self._slice(order, within, micro))
+                batch = SeededBatch(self._slice(order, within, micro))  # type: ignore[arg-type]  # set at the first step
                 batch.seed = derive_seed(self.seed, "data", step, self.layout.chunk(micro, self.rank))
                 yield batch
             step += 1

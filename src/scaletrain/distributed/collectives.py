@@ -102,11 +102,11 @@ def full_tensor(value: torch.Tensor) -> torch.Tensor:
     gather = getattr(value, "full_tensor", None)
     if gather is None:
         return value
-    mesh = value.device_mesh
+    mesh = value.device_mesh  # type: ignore[attr-defined]  # a DTensor here (it has full_tensor)
     groups = [mesh.get_group(dim) for dim in range(mesh.ndim)]
     target = value.device
     for group in groups:
         target = device_for(target, group)
     if target != value.device:
-        return value.to(target).full_tensor().to(value.device)
+        return value.to(target).full_tensor().to(value.device)  # type: ignore[attr-defined]  # a DTensor here
     return gather()

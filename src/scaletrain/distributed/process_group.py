@@ -6,6 +6,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
@@ -37,7 +38,7 @@ def process_group(
         yield True
         collectives.barrier()
         return
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if placement.device.type == "cuda":
         kwargs["device_id"] = placement.device
     if env.is_distributed:

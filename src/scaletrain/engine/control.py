@@ -89,7 +89,7 @@ class Control:
                 1.0 if self._save_due() else 0.0,
                 0.0 if async_ready else 1.0,
                 float(proposal),
-                float(_SIGNAL_CODES.get(self.stop.signal_name, 0)),
+                float(_SIGNAL_CODES.get(self.stop.signal_name or "", 0)),
             ]
         )
         collectives.all_reduce(local, "max")  # on gloo: no GPU sync for a control message

@@ -70,14 +70,14 @@ class MetricsWindow:
         names = sorted(pending[0].out.metrics)
         width = 1 + len(names)
         values = collectives.all_reduce(
-            torch.stack([v for p in pending for v in (p.out.loss, *(p.out.metrics[n] for n in names))])
+            torch.stack([v for p in pending for v in (p.out.loss, *(p.out.metrics[n] for n in names))])  # type: ignore[misc]  # reported steps keep their loss
             .float()
             .view(len(pending), width),
             "mean",
         ).tolist()
         norms = None
         if pending[0].out.grad_norm is not None:
-            norms = torch.stack([p.out.grad_norm for p in pending]).float().tolist()
+            norms = torch.stack([p.out.grad_norm for p in pending]).float().tolist()  # type: ignore[misc]  # checked on the first pending step: all or none
         reports: list[StepReport] = []
         for index, p in enumerate(pending):
             loss = values[index][0]

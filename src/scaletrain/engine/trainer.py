@@ -102,7 +102,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.strategy.unwrap(self.model), job.optim, self.strategy)
 
         self.train_set = task.train_dataset()
-        self.eval_set = task.eval_dataset() if callable(getattr(task, "eval_dataset", None)) else None
+        self.eval_set = task.eval_dataset() if callable(getattr(task, "eval_dataset", None)) else None  # type: ignore[attr-defined]  # an optional part of the Task protocol, checked
         if self.eval_set is not None and len(self.eval_set) < env.world_size:
             raise ScaletrainError(
                 f"the eval set has {len(self.eval_set)} samples, fewer than the "
@@ -111,7 +111,7 @@ class Trainer:
         self.collate = getattr(task, "collate", None)
         self.accum = _accumulation(job, env)
         self.layout = DataLayout(
-            dataset_len=len(self.train_set),
+            dataset_len=len(self.train_set),  # type: ignore[arg-type]  # map-style datasets have a length
             batch_size=job.data.batch_size,
             world_size=env.world_size,
             grad_accum=self.accum,
@@ -122,7 +122,7 @@ class Trainer:
                 f"{self.layout.global_batch} (data.batch_size x workers x train.grad_accum); "
                 "lower data.batch_size or train.grad_accum"
             )
-        self.max_steps = job.train.max_steps or job.train.epochs * self.layout.steps_per_epoch
+        self.max_steps = job.train.max_steps or job.train.epochs * self.layout.steps_per_epoch  # type: ignore[operator]  # the config requires max_steps or epochs
         self.checkpointer = Checkpointer(checkpoints, job, self.layout) if checkpoints is not None else None
         self.scheduler = build_scheduler(
             self.optimizer,
@@ -214,7 +214,7 @@ class Trainer:
             async_ready=self.checkpoints is None or self.checkpoints.pending_ready,
             async_pending=self.checkpoints is not None and self.checkpoints.has_pending,
         )
-        if decision.commit:
+        if decision.commit and self.checkpoints is not None:
             self.checkpoints.wait_pending()
         if window.pending and (decision.stop or decision.save):
             result.train = self._report_train(window)
@@ -238,6 +238,8 @@ class Trainer:
             self.control.watchdog.arm()
 
     def save_checkpoint(self) -> None:
+        if self.checkpointer is None:
+            return
         self._pet_watchdog()
         # The manifest records the metrics of this very step (for keep_best), nothing older.
         metrics = {k: v for k, (step, v) in self.last_metrics.items() if step == self.step}
@@ -307,7 +309,7 @@ class Trainer:
     def run_eval(self) -> dict[str, float]:
         self._pet_watchdog()
         loader = eval_loader(
-            self.eval_set,
+            self.eval_set,  # type: ignore[arg-type]  # run_eval runs only with an eval set
             batch_size=self.job.data.batch_size,
             rank=self.env.rank,
             world_size=self.env.world_size,
@@ -322,7 +324,7 @@ class Trainer:
             self._to_device,
             lambda: autocast(self.device, self.job.train.precision),
             # Sharded parameters are gathered in every forward: all ranks run as many.
-            forwards=eval_batches(len(self.eval_set), self.job.data.batch_size, self.env.world_size)
+            forwards=eval_batches(len(self.eval_set), self.job.data.batch_size, self.env.world_size)  # type: ignore[arg-type]  # run_eval runs only with an eval set
             if self.strategy.sharded else None,
         )
         self.last_metrics.update({f"eval/{k}": (self.step, v) for k, v in metrics.items()})

@@ -271,7 +271,7 @@ def _driver_first_class():
             def next_rendezvous(self) -> RendezvousInfo:
                 info = super().next_rendezvous()
                 store = PrefixStore("scaletrain/order/", info.store)
-                store.set(str(info.rank), b"1" if self.scaletrain_is_driver else b"0")
+                store.set(str(info.rank), b"1" if self.scaletrain_is_driver else b"0")  # type: ignore[arg-type]  # Store.set takes bytes too
                 drivers = [store.get(str(r)) == b"1" for r in range(info.world_size)]
                 order = sorted(range(info.world_size), key=lambda r: (not drivers[r], r))
                 rank = order.index(info.rank)

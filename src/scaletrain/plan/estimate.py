@@ -158,12 +158,13 @@ def estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: i
     compute_s = None
     step_s = None
     samples = None
-    measured_here = hardware.device == "cpu" and profile.cpu_seconds is not None
+    cpu_seconds = profile.cpu_seconds if hardware.device == "cpu" else None
+    measured_here = cpu_seconds is not None
     if profile.flops_per_sample or measured_here:
         if measured_here:  # timed on this CPU: per-op overhead included
-            compute_s = profile.cpu_seconds[0] + profile.cpu_seconds[1] * batch
+            compute_s = cpu_seconds[0] + cpu_seconds[1] * batch  # type: ignore[index]  # measured_here
         else:
-            compute_s = profile.flops_per_sample * batch / hardware.flops
+            compute_s = profile.flops_per_sample * batch / hardware.flops  # type: ignore[operator]  # checked above
         if option.activation_checkpointing:
             compute_s *= 4 / 3  # the forward runs again in backward: forward is 1/3 of fwd+bwd
         if measured_here and profile.cpu_optimizer_seconds:  # each rank steps on its shard
@@ -240,7 +241,7 @@ def _recommend(estimates: list[Estimate], hardware: Hardware, profile: ModelProf
         if smallest.option.cpu_offload and smallest.memory["total"] <= usable:
             per_node = smallest.host_memory * min(smallest.option.world, hardware.devices_per_node)
             return None, (f"nothing fits: {smallest.option.label} fits on the devices but keeps "
-                          f"{_gb(per_node)} per node on the host, and {_gb(USABLE_MEMORY * hardware.host_memory_bytes)} "
+                          f"{_gb(per_node)} per node on the host, and {_gb(USABLE_MEMORY * hardware.host_memory_bytes)} "  # type: ignore[operator]  # set whenever offload fits on the devices
                           "of host memory is usable; add nodes or devices, or train in bf16")
         return None, (f"nothing fits: the smallest, {smallest.option.label}, needs {_gb(smallest.memory['total'])} "
                       f"per device and {_gb(usable)} is usable; add devices, lower data.batch_size, "

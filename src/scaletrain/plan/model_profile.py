@@ -110,7 +110,7 @@ def profile_task(task: Any, name: str, precision: str = "fp32", real_pass: bool 
     if timed is None:
         timed = not torch.cuda.is_available()
     if real and timed:  # small models spend their step in per-op overhead FLOPs do not show
-        timed = max(2, min(batch, len(dataset)))
+        timed = max(2, min(batch, len(dataset)))  # type: ignore[assignment]  # from here on: the largest batch timed
         times = {b: _fwd_bwd_seconds(model, task.loss, collate([dataset[i] for i in range(b)])) for b in (1, timed)}
         per = max(0.0, (times[timed] - times[1]) / (timed - 1))
         profile.cpu_seconds = (max(0.0, times[1] - per), per)

@@ -65,7 +65,8 @@ def zero_partition(shapes: list[ParamShape], world: int) -> list[list[ParamShape
     """Which whole parameters each rank's optimizer holds under ZeRO-1: torch's
     ZeroRedundancyOptimizer, per optimizer group (matrices, then vectors: engine/optim.py),
     largest first, each to the rank with the fewest elements so far."""
-    sizes, ranks = [0] * world, [[] for _ in range(world)]
+    sizes = [0] * world
+    ranks: list[list[ParamShape]] = [[] for _ in range(world)]
     for group in ([s for s in shapes if s.ndim >= 2], [s for s in shapes if s.ndim < 2]):
         for shape in sorted(group, key=lambda s: s.numel, reverse=True):
             rank = sizes.index(min(sizes))

@@ -134,7 +134,7 @@ def _prepare(spec: RunSpec, run_dir: Path, folder: Path | None,
              overrides: list[str] | tuple[str, ...]) -> list[str]:
     source = str(run_dir / SPEC_FILE)
     config = parse_job(spec.job, overrides, source=source)
-    notes = []
+    notes: list[str] = []
     if not any(item.split("=", 1)[0].strip() == "train.grad_accum" for item in overrides):
         config, notes = keep_global_batch(parse_job(spec.job, source=source), config)
     spec.job = config.model_dump(mode="json")
@@ -173,7 +173,7 @@ def _continue_here(spec: RunSpec, run_dir: Path) -> list[str]:
         )
     inside = spec.checkpoints and not _remote(spec.checkpoints) and _under(spec.checkpoints, recorded)
     if inside:
-        spec.checkpoints = str(run_dir / Path(spec.checkpoints).relative_to(recorded))
+        spec.checkpoints = str(run_dir / Path(spec.checkpoints).relative_to(recorded))  # type: ignore[arg-type]  # inside implies checkpoints is set
     spec.run_dir = str(run_dir)
     return [f"run directory moved from {recorded}: continuing in {run_dir}"]
 

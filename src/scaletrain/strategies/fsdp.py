@@ -54,12 +54,12 @@ class FSDPStrategy(Strategy):
             fully_shard(block, reshard_after_forward=reshard, **kwargs)
         # The root's parameters (embeddings, head...) are needed right after its forward ends:
         # keeping them gathered saves an all-gather at the start of backward.
-        return fully_shard(model, reshard_after_forward=False, **kwargs)
+        return fully_shard(model, reshard_after_forward=False, **kwargs)  # type: ignore[return-value]  # fully_shard returns the module, now an FSDPModule too
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))  # type: ignore[return-value]  # full tensors: full_state_dict=True
 
     def sync_gradients(self, model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
         return _gradient_sync(model, sync)
@@ -89,11 +89,11 @@ def _gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
     if sync:
         yield
         return
-    model.set_requires_gradient_sync(False)
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]  # an FSDPModule method, not a tensor
     try:
         yield
     finally:
-        model.set_requires_gradient_sync(True)
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]  # an FSDPModule method, not a tensor
 
 
 def _world_size() -> int:

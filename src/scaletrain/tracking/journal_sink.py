@@ -20,7 +20,7 @@ class JournalReporter(NullReporter):
     def __init__(self, journal_dir: str | Path, every: int):
         self.journal = MetricJournal(journal_dir)
         self.every = every
-        self.total_steps = 0
+        self.total_steps: int | None = 0
         self.recorded: dict[str, int] = {}
 
     def on_start(self, total_steps: int | None, start_step: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from scaletrain.tracking.reporter import NullReporter, StepReport
 
@@ -38,7 +39,7 @@ class ProgressBar(NullReporter):
             transient=False,
         )
         self._description = description
-        self._task_id = None
+        self._task_id: Any = None  # rich's TaskID once started
 
     def on_start(self, total_steps: int | None, start_step: int) -> None:
         self._task_id = self._progress.add_task(

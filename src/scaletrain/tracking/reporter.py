@@ -87,7 +87,7 @@ class MetricsFile(NullReporter):
     def __init__(self, path: str | Path, every: int = 1):
         self.path = Path(path)
         self.every = every
-        self.total_steps = 0
+        self.total_steps: int | None = 0
         self._file: IO[str] | None = None
         self._written: dict[str, int] = {}
 
@@ -134,7 +134,7 @@ class LogReporter(NullReporter):
     def __init__(self, logger: logging.Logger, every: int = 1):
         self.logger = logger
         self.every = every
-        self.total_steps = 0
+        self.total_steps: int | None = 0
 
     def on_start(self, total_steps: int | None, start_step: int) -> None:
         self.total_steps = total_steps

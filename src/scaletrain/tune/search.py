@@ -214,7 +214,12 @@ def _reports_per_trial(job: JobConfig, metric: str) -> int:
     steps = job.train.max_steps
     if steps is None:  # epochs: count from the task's data at run time; a generous bound
         return 1000
-    every = job.train.eval_every if metric.startswith("eval/") else job.train.log_every
+    if metric.startswith("eval/"):
+        if not job.train.eval_every:  # evaluated once, at the end
+            return 1
+        every = job.train.eval_every
+    else:
+        every = job.train.log_every
     return steps // every + (1 if steps % every else 0)
 
 

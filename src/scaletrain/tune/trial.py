@@ -31,7 +31,7 @@ def trial_class():
     from ray import tune
 
     class ScaletrainTrial(tune.Trainable):
-        def setup(self, config: dict[str, Any], job: dict, directory: str, metric: str,
+        def setup(self, config: dict[str, Any], job: dict, directory: str, metric: str,  # type: ignore[override]  # Tune passes with_parameters' keywords to setup
                   parent_run_id: str | None, search_path: list[str], grace_s: float) -> None:
             self.metric, self.grace_s = metric, grace_s
             self.split, self.key = metric.split("/", 1)
@@ -72,7 +72,7 @@ def trial_class():
             write_text_atomic(Path(checkpoint_dir, "scaletrain_run.json"),
                               json.dumps({"run_dir": runs[-1] if runs else None, "reported": self.reported}))
 
-        def load_checkpoint(self, checkpoint_dir: str) -> None:
+        def load_checkpoint(self, checkpoint_dir: str) -> None:  # type: ignore[override]  # a directory checkpoint: Tune passes its path
             """Nothing to load: setup() resumes the trial's job from its run directory."""
 
         def cleanup(self) -> None:

@@ -124,7 +124,7 @@ def _connect(
 
 def _auth_mode() -> str:
     try:
-        from ray._raylet import AuthenticationMode, get_authentication_mode
+        from ray._raylet import AuthenticationMode, get_authentication_mode  # type: ignore[attr-defined]  # Ray's private API, guarded by ImportError
     except ImportError:  # a Ray without token authentication (< 2.52)
         return "unsupported"
     return "token" if get_authentication_mode() == AuthenticationMode.TOKEN else "disabled"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from scaletrain.rundir import RunSpec
@@ -21,10 +22,10 @@ class RemoteConsole:
 
     def __init__(self, mailbox: Any, relay: Any = None):
         self.mailbox = mailbox
-        self.log_handler = _WarningRelay(mailbox)
+        self.log_handler: logging.Handler = _WarningRelay(mailbox)
         # On another machine than the driver's: the run's files are relayed, up to date at
         # every checkpoint.
-        self.before_checkpoint = relay.flush if relay is not None else None
+        self.before_checkpoint: Callable[[], None] | None = relay.flush if relay is not None else None
 
     def mlflow_run_id(self) -> str | None:
         """The job's MLflow run, as the driver saw it open (for checkpoint manifests)."""

@@ -69,8 +69,8 @@ def check_cluster_answers(address: str, timeout_s: float) -> str | None:
     dialled = target if given_host == host else (
         f"{target} (Ray dials {given_host} as this machine's address)"
     )
-    while not _listening(host, port, max(0.1, min(2.0, deadline - time.monotonic()))):
-        mapped = _is_loopback(given_host) and not _is_loopback(host)
+    while not _listening(host, port, max(0.1, min(2.0, deadline - time.monotonic()))):  # type: ignore[arg-type]  # host is set once target is
+        mapped = _is_loopback(given_host) and not _is_loopback(host)  # type: ignore[arg-type]  # host is set once target is
         if mapped and _listening("127.0.0.1", port, 1.0):
             raise ConfigError(
                 f"cannot join the Ray cluster at {address!r}: its head listens on 127.0.0.1 only "
@@ -86,7 +86,7 @@ def check_cluster_answers(address: str, timeout_s: float) -> str | None:
                 "127.0.0.1 only; scale.connect_timeout_s sets the wait)"
             )
         time.sleep(0.5)
-    if not _speaks_grpc(host, port, max(0.5, deadline - time.monotonic())):
+    if not _speaks_grpc(host, port, max(0.5, deadline - time.monotonic())):  # type: ignore[arg-type]  # host is set once target is
         raise ConfigError(
             f"cannot join the Ray cluster at {address!r}: {target} answers, but not as a Ray head "
             "(no gRPC reply); is it the head's port (`ray start --head --port`, default 6379)? "
@@ -135,7 +135,7 @@ def _ask_head(target: str, deadline: float) -> BaseException | None:
     """None when the head at ``target`` replied; its error; or TimeoutError by ``deadline``
     (the client's own waits are longer: it runs in a thread that is left to finish)."""
     try:
-        from ray._raylet import GcsClient
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # Ray's private API, guarded by ImportError
     except ImportError:
         return None
     outcome: dict[str, BaseException | None] = {}
@@ -224,7 +224,7 @@ def _enable_token_auth() -> None:
     Ray's cached settings and token."""
     os.environ["RAY_AUTH_MODE"] = "token"
     try:
-        from ray._raylet import AuthenticationTokenLoader, Config
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # Ray's private API, guarded by ImportError
 
         Config.initialize("")
         AuthenticationTokenLoader.instance().reset_cache()

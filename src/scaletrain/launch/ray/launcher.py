@@ -105,7 +105,7 @@ class RayLauncher(Launcher):
             scaling_config=ScalingConfig(
                 num_workers=workers, use_gpu=bool(gpus), resources_per_worker=resources
             ),
-            run_config=RunConfig(
+            run_config=RunConfig(  # type: ignore[call-arg]  # Ray Train v2's RunConfig has it
                 name=spec.run_id,
                 storage_path=str(Path(spec.run_dir) / "ray"),
                 failure_config=FailureConfig(max_failures=self.max_restarts),
