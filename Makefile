@@ -15,7 +15,7 @@ run: $(STAMP)
 	$(BIN)/scaletrain run examples/digits.yaml
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy src
 	$(BIN)/python -m pytest tests --cov --cov-report=term
 

@@ -21,11 +21,10 @@ from common import REPO, emit, profile_example, run_scaletrain  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
-from tests.helpers.measure import saved_tensor_bytes  # noqa: E402
-from tests.helpers.run import state_bytes_by_rank  # noqa: E402
-
 from scaletrain.plan.estimate import state_bytes_per_rank  # noqa: E402
 from scaletrain.plan.model_profile import profile_task  # noqa: E402
+from tests.helpers.measure import saved_tensor_bytes  # noqa: E402
+from tests.helpers.run import state_bytes_by_rank  # noqa: E402
 
 JOBS = {"digits": "examples/digits.yaml", "tiny_gpt": "examples/tiny_gpt.yaml"}
 # name: (overrides, workers, ranks a parameter is split over)

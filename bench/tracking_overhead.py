@@ -65,15 +65,15 @@ def critical_path(job_file: str, blocks: int) -> dict:
     import torch
 
     from scaletrain.config.loading import load_job
+    from scaletrain.data.loader import train_loader
     from scaletrain.distributed.device import choose_placement
     from scaletrain.distributed.env import DistEnv
     from scaletrain.engine.metrics import MetricsWindow
     from scaletrain.engine.trainer import Trainer, TrainResult
     from scaletrain.rundir import RunSpec
-    from scaletrain.tracking.worker_sinks import worker_reporter
-    from scaletrain.data.loader import train_loader
     from scaletrain.task import build_task
     from scaletrain.tracking.logs import LogContext
+    from scaletrain.tracking.worker_sinks import worker_reporter
 
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="st-bench-"))

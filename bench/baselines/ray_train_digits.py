@@ -18,13 +18,12 @@ import time
 
 
 def train_loop(config: dict) -> None:
+    import ray.train
+    import ray.train.torch
     import torch
     from sklearn.datasets import load_digits
     from torch import nn
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-    import ray.train
-    import ray.train.torch
 
     torch.set_num_threads(config["threads"])
     torch.manual_seed(0)

@@ -283,8 +283,8 @@ def _run_attempt(
         )
         if isinstance(exc, RunPreempted):
             summary.update(steps=exc.step, checkpoint_step=exc.checkpoint_step)
-        elif getattr(exc, "steps", None) is not None:  # a failed rank said how far it got
-            summary["steps"] = getattr(exc, "steps")
+        elif (steps := getattr(exc, "steps", None)) is not None:  # a failed rank said how far it got
+            summary["steps"] = steps
         _close(summary, run_dir, tracking, "KILLED" if interrupted else "FAILED", Redactor.for_config(spec.job))
         raise
     first_step_at = result.get("first_step_at")

@@ -379,9 +379,9 @@ class _Server:
         url = self.base + endpoint + (f"?{urllib.parse.urlencode(query)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
         # http(s) only: _check_server is reached for those schemes alone
-        request = urllib.request.Request(url, data=data, method=method, headers=self.headers)  # noqa: S310
+        request = urllib.request.Request(url, data=data, method=method, headers=self.headers)  # noqa: S310  http(s) only
         try:
-            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S, context=self.context) as response:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S, context=self.context) as response:  # noqa: S310  http(s) only
                 return response.status, _json(response.read())
         except urllib.error.HTTPError as exc:
             return exc.code, _json(exc.read())

@@ -334,7 +334,7 @@ def test_two_machines_on_object_storage(checkout, s3_server, tmp_path):
     finally:
         for proc in nodes:
             stop(proc)
-    for rank, (proc, (out, err)) in enumerate(zip(nodes, outputs)):
+    for rank, (proc, (_out, err)) in enumerate(zip(nodes, outputs)):
         assert proc.returncode == 0 and "Traceback" not in err, (f"node {rank}", err[-3000:])
     driver = json.loads(outputs[0][0])
     assert driver["world_size"] == 2 and driver["status"] == "finished"

@@ -48,7 +48,7 @@ def eval_loader(
     collate: Callable[[list[Any]], Any] | None,
     pin_memory: bool = False,
 ) -> DataLoader:
-    shard = Subset(dataset, shard_indices(len(dataset), rank, world_size))  # type: ignore[arg-type]
+    shard = Subset(dataset, shard_indices(len(dataset), rank, world_size))  # type: ignore[arg-type]  # map-style datasets have a length
     return DataLoader(
         shard,
         batch_size=batch_size,

@@ -135,7 +135,7 @@ class SeededDataset(Dataset):
         self.dataset = dataset
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(self.dataset)  # type: ignore[arg-type]  # map-style datasets have a length
 
     def __getitem__(self, index: int) -> Any:
         return self.dataset[index]

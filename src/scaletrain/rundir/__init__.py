@@ -5,7 +5,7 @@ nothing of scaletrain but its errors."""
 
 from scaletrain.rundir.atomic import atomic_path, fsync_dir, write_text_atomic
 from scaletrain.rundir.lock import RunInUse, RunLock
-from scaletrain.rundir.names import *  # noqa: F403
+from scaletrain.rundir.names import *  # noqa: F403  re-exported: names.py's __all__, listed below
 from scaletrain.rundir.names import __all__ as _names
 from scaletrain.rundir.spec import RunSpec, check_run_ref, new_run_id
 

@@ -13,7 +13,7 @@ def configure_mlflow_client() -> None:
     """MLflow retries HTTP calls for minutes by default; we retry ourselves, without blocking.
     It prints run URLs on stdout, which belongs to ``--json`` output, and it (and alembic)
     announce schema migrations at INFO. Imports mlflow: its import resets its log level."""
-    import mlflow  # noqa: F401
+    import mlflow  # noqa: F401  imported for its side effect: it resets its log level on import
 
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)

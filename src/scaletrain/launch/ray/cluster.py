@@ -40,8 +40,8 @@ def import_ray(local_instance: bool = False):
         os.environ.setdefault("RAY_AUTH_MODE", "token")
     try:
         import ray
-        import ray.train  # noqa: F401
-        import ray.train.torch  # noqa: F401
+        import ray.train  # noqa: F401  present, or the extra is missing
+        import ray.train.torch  # noqa: F401  present, or the extra is missing
     except ImportError:
         raise MissingExtraError(
             f"the ray engine needs Ray Train, which is not installed: {RAY_EXTRA_HINT}"
