@@ -73,15 +73,17 @@ class ShardedOptimizer(ZeroRedundancyOptimizer):
         and a zero learning rate creates it and leaves every parameter as it was (what
         get_state_dict does for a whole optimizer)."""
         params = [p for group in self.optim.param_groups for p in group["params"]]
-        if not params or all(p in self.optim.state for p in params):
+        missing = {id(p) for p in params if p not in self.optim.state}
+        if not missing:
             return
         lrs = [group["lr"] for group in self.optim.param_groups]
         grads = [p.grad for p in params]
         try:
             for group in self.optim.param_groups:
                 group["lr"] = 0.0
+            # Only the parameters without state take part: a step would advance the others' counters.
             for p in params:
-                p.grad = torch.zeros_like(p)
+                p.grad = torch.zeros_like(p) if id(p) in missing else None
             self.optim.step()  # this rank's parameters only: nothing to broadcast
         finally:
             for group, lr in zip(self.optim.param_groups, lrs):
