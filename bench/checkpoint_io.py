@@ -42,6 +42,7 @@ from tiny_gpt import TinyGPTTask  # noqa: E402
 
 from scaletrain.checkpoint.manager import CheckpointManager  # noqa: E402
 from scaletrain.checkpoint.retention import RetentionPolicy  # noqa: E402
+from scaletrain.checkpoint.state import ModelAndOptimizer  # noqa: E402
 
 
 def adamw(model: nn.Module) -> torch.optim.Optimizer:
@@ -125,7 +126,7 @@ def one_repeat(name: str, tmp: Path, async_saves: int, rotate: int) -> dict[str,
 
     def sync_save() -> dict[str, float]:
         sync = manager(work / "sync", tmp)
-        seconds = timed(lambda: sync.save(1, model, optimizer, {**TRAINER_STATE, "step": 1}, {}))
+        seconds = timed(lambda: sync.save(1, ModelAndOptimizer(model, optimizer), {**TRAINER_STATE, "step": 1}, {}))
         sync.close()
         return {"st_sync_save_s": seconds}
 
@@ -134,7 +135,7 @@ def one_repeat(name: str, tmp: Path, async_saves: int, rotate: int) -> dict[str,
         asy = manager(work / "async", tmp, async_save=True)
         for step in range(1, async_saves + 1):
             trainer_state = {**TRAINER_STATE, "step": step}
-            stalls.append(timed(lambda: asy.save(step, model, optimizer, trainer_state, {})))  # noqa: B023  called at once, in this iteration
+            stalls.append(timed(lambda: asy.save(step, ModelAndOptimizer(model, optimizer), trainer_state, {})))  # noqa: B023  called at once, in this iteration
             asy.wait_pending()  # commit before the next save: the stall is save()'s alone
         asy.close()
         return {"st_async_first_stall_s": stalls[0],
@@ -154,7 +155,7 @@ def one_repeat(name: str, tmp: Path, async_saves: int, rotate: int) -> dict[str,
     def st_load() -> dict[str, float]:
         fresh_model, fresh_opt = build(name, stepped=False)
         reader = manager(work / "sync", tmp)
-        seconds = timed(lambda: reader.restore_latest(fresh_model, fresh_opt))
+        seconds = timed(lambda: reader.restore_latest(ModelAndOptimizer(fresh_model, fresh_opt)))
         reader.close()
         got = fresh_opt.state_dict()["state"][0]["exp_avg"]
         assert torch.equal(got, state["optim"]["state"][0]["exp_avg"]), "optimizer not restored"
@@ -188,7 +189,8 @@ def profile_st(name: str, tmp: Path, top: int = 15) -> str:
     stats.sort_stats("tottime").print_stats(10)
     fresh_model, fresh_opt = build(name, stepped=False)
     load_profile = cProfile.Profile()
-    load_profile.runcall(manager(tmp / "profiled", tmp).restore_latest, fresh_model, fresh_opt)
+    load_profile.runcall(manager(tmp / "profiled", tmp).restore_latest,
+                         ModelAndOptimizer(fresh_model, fresh_opt))
     out.write("restore_latest into a fresh model + optimizer:\n")
     pstats.Stats(load_profile, stream=out).strip_dirs().sort_stats("cumulative").print_stats(20)
     shutil.rmtree(tmp / "profiled")

@@ -9,16 +9,24 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["run", "resume", "Task", "JobConfig", "load_job", "__version__"]
+__all__ = ["run", "resume", "launch", "report", "should_stop", "Task", "LoopContext", "JobConfig", "load_job",
+           "__version__"]
 
 if TYPE_CHECKING:
     from scaletrain.api import resume, run
     from scaletrain.config import JobConfig, load_job
+    from scaletrain.launch_loop import launch
+    from scaletrain.runners.loop import LoopContext
+    from scaletrain.script_hooks import report, should_stop
     from scaletrain.task import Task
 
 _LAZY = {
     "run": "scaletrain.api",
     "resume": "scaletrain.api",
+    "launch": "scaletrain.launch_loop",
+    "LoopContext": "scaletrain.runners.loop",
+    "report": "scaletrain.script_hooks",
+    "should_stop": "scaletrain.script_hooks",
     "Task": "scaletrain.task",
     "JobConfig": "scaletrain.config",
     "load_job": "scaletrain.config",

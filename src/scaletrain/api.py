@@ -143,11 +143,11 @@ def _launch(
 ) -> dict[str, Any]:
     from scaletrain.distributed.device import check_local_workers, threads_per_worker
     from scaletrain.launch import launcher_for
-    from scaletrain.task import check_task_target
+    from scaletrain.task import check_job_code
 
-    # Fail before any worker starts if the task does not exist or its args do not fit, or
-    # anything the run writes (run dir, checkpoints, MLflow) would be refused (pre-flight).
-    check_task_target(config.task.target, config.task.args, spec.python_path)
+    # Fail before any worker starts if the task or loop does not exist or its args do not fit,
+    # or anything the run writes (run dir, checkpoints, MLflow) would be refused (pre-flight).
+    check_job_code(config, spec.python_path)
     if config.checkpoint.enabled and config.checkpoint.dir:  # its fsspec driver is installed
         from scaletrain.checkpoint.storage import open_storage
 
@@ -225,14 +225,14 @@ def preflight(
     device), the MLflow store. Returns every check, failed ones included; changes nothing."""
     from scaletrain.preflight import Check, run_preflight, state_bytes_of_task
     from scaletrain.rundir import RunSpec
-    from scaletrain.task import check_task_target
+    from scaletrain.task import check_job_code
 
     config, search_path = resolve_job(job, overrides)
-    check_task_target(config.task.target, config.task.args, search_path)
+    check_job_code(config, search_path)
     spec = RunSpec.in_dir(config.model_dump(mode="json"), config.run_dir, python_path=search_path)
     _resolve_checkpoints(config, spec)
     size, size_check = None, []
-    if config.checkpoint.enabled and spec.checkpoints and "://" not in spec.checkpoints:
+    if config.task is not None and config.checkpoint.enabled and spec.checkpoints and "://" not in spec.checkpoints:
         started = time.perf_counter()
         try:
             size = state_bytes_of_task(config, search_path)
@@ -300,7 +300,8 @@ def _run_attempt(
         wall_time_s=round(time.time() - started_at, 3),
         time_to_first_step_s=round(first_step_at - started_at, 3) if first_step_at else None,
         weights_sha256=result["weights_sha256"],
-        weights=str(run_dir / WEIGHTS_FILE) if spec.node_rank == 0 else None,  # the driver's
+        # the driver's; none when the job wrote none (a script's weights are its own business)
+        weights=str(run_dir / WEIGHTS_FILE) if spec.node_rank == 0 and (run_dir / WEIGHTS_FILE).exists() else None,
         logs=str(spec.logs_dir),
     )
     _close(summary, run_dir, tracking, "FINISHED", Redactor.for_config(spec.job))

@@ -305,6 +305,8 @@ def state_bytes_of_task(config: JobConfig, search_path: list[str]) -> int:
     from scaletrain.plan.state_bytes import ParamShape, optimizer_bytes
     from scaletrain.task import build_task
 
+    if config.task is None:
+        raise ValueError("a loop job builds its model in the loop: its size is not known before it runs")
     task = build_task(config.task.target, config.task.args, search_path)
     with torch.device("meta"):
         model = task.build_model()

@@ -24,6 +24,7 @@ import importlib
 import inspect
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from scaletrain.errors import TaskError
@@ -37,6 +38,7 @@ __all__ = [
     "Task",
     "TaskProtocol",
     "check_task_target",
+    "check_job_code",
     "resolve_task_factory",
     "build_task",
     "split_loss_output",
@@ -78,8 +80,9 @@ class Task:
         return default_collate(samples)
 
 
-def resolve_task_factory(target: str, search_path: Sequence[str] = ()) -> Callable[..., Any]:
-    """Import ``package.module:attr``. Raises TaskError naming what did not resolve."""
+def resolve_task_factory(target: str, search_path: Sequence[str] = (), section: str = "task") -> Callable[..., Any]:
+    """Import ``package.module:attr``. Raises TaskError naming what did not resolve (in the
+    job file's ``section``: task or loop)."""
     for entry in reversed(search_path):
         if entry not in sys.path:
             sys.path.insert(0, entry)
@@ -89,39 +92,41 @@ def resolve_task_factory(target: str, search_path: Sequence[str] = ()) -> Callab
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name.split(".")[0]):
             raise TaskError(
-                f"task.target '{target}': module '{exc.name}' not found; run from the "
+                f"{section}.target '{target}': module '{exc.name}' not found; run from the "
                 "directory that contains it or install its package"
             ) from None
         raise TaskError(
-            f"task.target '{target}': importing '{module_name}' failed: "
+            f"{section}.target '{target}': importing '{module_name}' failed: "
             f"{type(exc).__name__}: {exc}"
         ) from None
     except Exception as exc:  # the user's module raised while importing
         raise TaskError(
-            f"task.target '{target}': importing '{module_name}' failed: "
+            f"{section}.target '{target}': importing '{module_name}' failed: "
             f"{type(exc).__name__}: {exc}"
         ) from None
     obj: Any = module
     for part in attr_path.split("."):
         if not hasattr(obj, part):
             raise TaskError(
-                f"task.target '{target}': '{module_name}' has no attribute '{attr_path}'"
+                f"{section}.target '{target}': '{module_name}' has no attribute '{attr_path}'"
                 + _close_names(module, part)
             )
         obj = getattr(obj, part)
     if not callable(obj):
-        raise TaskError(f"task.target '{target}' is not a class or function; it cannot be called")
+        raise TaskError(f"{section}.target '{target}' is not a class or function; it cannot be called")
     return obj
 
 
-def check_task_target(target: str, args: Mapping[str, Any], search_path: Sequence[str] = ()) -> None:
+def check_task_target(target: str, args: Mapping[str, Any] | None, search_path: Sequence[str] = (),
+                      section: str = "task") -> None:
     """Check ``package.module:attr`` and its args without running the module.
 
     The launcher only needs to know the target exists before it starts workers; importing
     the user's module there (and everything it imports) would add seconds to every start.
     So: find the module, parse it, look for the name and the factory's parameters. Anything
     this cannot tell statically (star imports, module ``__getattr__``, inherited
-    ``__init__``) falls back to a real import or is left to the workers.
+    ``__init__``) falls back to a real import or is left to the workers. ``args`` None: the
+    target's parameters are not checked (a loop function takes ctx).
     """
     import ast
     import importlib.util
@@ -134,46 +139,53 @@ def check_task_target(target: str, args: Mapping[str, Any], search_path: Sequenc
         spec = importlib.util.find_spec(module_name)
     except (ImportError, ValueError) as exc:
         raise TaskError(
-            f"task.target '{target}': module '{getattr(exc, 'name', None) or module_name}' not "
+            f"{section}.target '{target}': module '{getattr(exc, 'name', None) or module_name}' not "
             "found; run from the directory that contains it or install its package"
         ) from None
     if spec is None:
         raise TaskError(
-            f"task.target '{target}': module '{module_name}' not found; run from the "
+            f"{section}.target '{target}': module '{module_name}' not found; run from the "
             "directory that contains it or install its package"
         )
     origin = spec.origin or ""
     if not origin.endswith(".py"):
-        check_task_args(resolve_task_factory(target, search_path), args, target)
+        _check_args_by_import(target, args, search_path, section)
         return
     try:
         with open(origin, encoding="utf-8") as handle:
             tree = ast.parse(handle.read(), filename=origin)
     except SyntaxError as exc:
         raise TaskError(
-            f"task.target '{target}': {origin} line {exc.lineno}: SyntaxError: {exc.msg}"
+            f"{section}.target '{target}': {origin} line {exc.lineno}: SyntaxError: {exc.msg}"
         ) from None
     except OSError:
-        check_task_args(resolve_task_factory(target, search_path), args, target)
+        _check_args_by_import(target, args, search_path, section)
         return
     names = _top_level_names(tree)
     first = attr_path.split(".")[0]
     if names is None:  # star import or module __getattr__: only an import can tell
-        check_task_args(resolve_task_factory(target, search_path), args, target)
+        _check_args_by_import(target, args, search_path, section)
         return
     if first not in names:
         import difflib
 
         close = difflib.get_close_matches(first, [n for n in names if not n.startswith("_")], n=1)
         raise TaskError(
-            f"task.target '{target}': '{module_name}' has no attribute '{attr_path}'"
+            f"{section}.target '{target}': '{module_name}' has no attribute '{attr_path}'"
             + (f"; did you mean '{close[0]}'?" if close else "")
         )
     node = names[first]
-    if "." not in attr_path and node is not None:
+    if args is not None and "." not in attr_path and node is not None:
         params = _static_parameters(node)
         if params is not None:
             _check_static_args(params, args, target)
+
+
+def _check_args_by_import(target: str, args: Mapping[str, Any] | None, search_path: Sequence[str],
+                          section: str) -> None:
+    factory = resolve_task_factory(target, search_path, section)
+    if args is not None:
+        check_task_args(factory, args, target)
 
 
 def _top_level_names(tree: Any) -> dict[str, Any] | None:
@@ -279,3 +291,18 @@ def _close_names(module: Any, name: str) -> str:
     public = [n for n in dir(module) if not n.startswith("_")]
     close = difflib.get_close_matches(name, public, n=1)
     return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def check_job_code(config: Any, search_path: Sequence[str] = ()) -> None:
+    """The job's code exists (and a task's args fit it), without running it: ``task:`` or ``loop:``."""
+    if config.script is not None:
+        path = Path(config.script.path).expanduser()
+        if not path.is_file():
+            raise TaskError(f"script.path '{config.script.path}': no such file; give the script's path "
+                            "relative to the directory the job starts from")
+        return
+    if config.loop is not None:
+        if not config.loop.target.startswith("__main__:"):  # scaletrain.launch's: handed over by value
+            check_task_target(config.loop.target, None, search_path, section="loop")
+    else:
+        check_task_target(config.task.target, config.task.args, search_path)

@@ -19,6 +19,7 @@ import pytest
 import scaletrain
 from scaletrain.errors import WorkerFailedError
 from scaletrain.recovery.faults import FAULT_ENV
+from tests.helpers.loops import loop_job
 from tests.helpers.run import REPO, read_metrics, scaletrain_cli
 from tests.helpers.tasks import toy_job
 
@@ -97,6 +98,16 @@ def test_two_nodes_give_the_local_engines_weights(tmp_path, ray_cluster, local_r
     nodes = worker_nodes(summary)
     assert len(set(nodes.values())) == 2, nodes  # one worker on each node
     assert [row["step"] for row in read_metrics(summary["run_dir"])] == list(range(1, 31))
+
+
+def test_a_users_loop_on_two_ray_nodes_gives_the_local_engines_weights(tmp_path, ray_cluster):
+    local = scaletrain.run(loop_job(tmp_path / "local", train={"max_steps": 30}, loop={"args": {"steps": 30}}))
+    on_ray = scaletrain.run(loop_job(tmp_path / "ray", train={"max_steps": 30}, loop={"args": {"steps": 30}},
+                                     scale={"engine": "ray", "address": ray_cluster.address}))
+    assert on_ray["engine"] == "ray" and on_ray["steps"] == 30 and on_ray["strategy"] == "ddp"
+    assert on_ray["weights_sha256"] == local["weights_sha256"] != ""
+    assert len(set(worker_nodes(on_ray).values())) == 2
+    assert [row["step"] for row in read_metrics(on_ray["run_dir"])] == list(range(1, 31))
 
 
 def test_a_killed_worker_is_recovered_from_the_newest_checkpoint(tmp_path, monkeypatch, ray_cluster, local_reference):

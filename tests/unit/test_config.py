@@ -154,7 +154,8 @@ def test_name_defaults_to_file_stem_and_yaml_round_trips(tmp_path):
 def test_schema_lists_every_section():
     schema = job_schema()
     assert set(schema["properties"]) >= {
-        "task", "data", "optim", "train", "scale", "seed", "deterministic"
+        "task", "loop", "script", "data", "optim", "train", "scale", "seed", "deterministic"
     }
-    assert schema["required"] == ["task", "data", "optim", "train"]
+    assert schema["oneOf"] == [{"required": ["task", "data", "optim", "train"]}, {"required": ["loop"]},
+                               {"required": ["script"]}]
     json.dumps(schema)

@@ -64,8 +64,8 @@ FLOORS = [
     {"preflight"},
     {"runners"},
     {"launch"},
-    {"api"},
-    {"reproduce", "verify_resume", "tune"},
+    {"api", "script_hooks"},
+    {"reproduce", "verify_resume", "tune", "launch_loop"},
     {"cli", "__init__"},
     {"__main__"},
 ]

@@ -35,15 +35,18 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
+    get_optimizer_state_dict,
     get_state_dict,
     set_model_state_dict,
+    set_optimizer_state_dict,
     set_state_dict,
 )
 
 from scaletrain.checkpoint.dcp_metadata import read_metadata
 from scaletrain.checkpoint.manifest import METADATA_FILE, FileEntry
 
-__all__ = ["state_of", "save", "load", "Stager", "Written", "DcpError"]
+__all__ = ["state_of", "set_state", "model_state", "optimizer_state", "set_model_state",
+           "set_optimizer_state", "save", "load", "Stager", "Written", "DcpError"]
 
 Written = dict[str, tuple[int, str]]  # file name -> (size, sha256), as written by this rank
 _OVERLAP_MIN_BYTES = 1 << 20  # below this, hashing inline is cheaper than a thread hand-off
@@ -246,19 +249,39 @@ class Stager:
             self._dcp = None
 
 
-def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str,
-         files: dict[str, FileEntry], group: Any) -> None:
-    """Load a verified checkpoint (``files``: its manifest's) into the model and optimizer,
-    resharding as needed."""
-    state = state_of(model, optimizer)
+def load(target: Any, path: str, files: dict[str, FileEntry], group: Any) -> None:
+    """Load a verified checkpoint (``files``: its manifest's) into ``target`` (a
+    checkpoint.state.TrainingState), resharding as needed."""
+    state = target.dcp_state()
     reader = _VerifiedReader(path, files)
     try:
         dcp.load(state, storage_reader=reader, planner=_SafeLoadPlanner(), process_group=group)
     except CheckpointException as exc:
         raise (reader.refused or _one_line(exc)) from None
+    target.load_dcp_state(state)
+
+
+def set_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Put a loaded ``state_of`` back into the model and optimizer."""
     if hasattr(optimizer, "load_checkpoint_state"):
         set_model_state_dict(model, state["model"])
         optimizer.load_checkpoint_state(model, state["optim"])
         return
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"], options=StateDictOptions())
+
+
+def model_state(model: torch.nn.Module) -> dict[str, Any]:
+    return get_model_state_dict(model)
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    return get_optimizer_state_dict(model, optimizer)
+
+
+def set_model_state(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    set_model_state_dict(model, state)
+
+
+def set_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    set_optimizer_state_dict(model, optimizer, state)

@@ -1,7 +1,7 @@
 """Save and restore training state through torch.distributed.checkpoint (DCP).
 
-A checkpoint holds the model and optimizer (DCP: each rank writes its shards, so one written by N
-workers loads on M), plus ``trainer.json`` (step, epoch, samples, LR schedule, run ids, config
+A checkpoint holds the training state (the model and optimizer, or a loop's objects:
+checkpoint/state.py; DCP: each rank writes its shards, so one written by N workers loads on M), plus ``trainer.json`` (step, epoch, samples, LR schedule, run ids, config
 hash). Every rank hashes the files it wrote; rank 0 writes the manifest last (storage.py). Loading
 verifies every hash before DCP reads a byte, and falls back to the previous checkpoint with one
 warning when the newest is damaged; a checkpoint that holds what scaletrain never writes (or
@@ -40,6 +40,7 @@ from scaletrain.checkpoint.manifest import (
     hash_files,
 )
 from scaletrain.checkpoint.retention import RetentionPolicy, to_delete
+from scaletrain.checkpoint.state import TrainingState
 from scaletrain.checkpoint.storage import (
     CheckpointStorage,
     checkpoint_name,
@@ -130,10 +131,11 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ save
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             trainer_state: dict[str, Any], metrics: dict[str, float]) -> None:
-        """Write a checkpoint of ``step``. Synchronous unless async_save; every rank calls it.
-        A failure anywhere is a warning on every rank (see the module's docstring)."""
+    def save(self, step: int, training_state: TrainingState, trainer_state: dict[str, Any],
+             metrics: dict[str, float]) -> None:
+        """Write a checkpoint of ``step``: ``training_state`` through DCP, ``trainer_state`` as
+        trainer.json. Synchronous unless async_save; every rank calls it. A failure anywhere is
+        a warning on every rank (see the module's docstring)."""
         self.wait_pending()
         name = checkpoint_name(step)
         staging = self.storage.staging_dir(name, self.scratch_dir)
@@ -147,7 +149,7 @@ class CheckpointManager:
             return
         from scaletrain.checkpoint import dcp_io
 
-        state = dcp_io.state_of(model, optimizer)
+        state = training_state.dcp_state()
         if not self.async_save:
             try:
                 written = dcp_io.save(state, str(staging), self.group)
@@ -366,7 +368,7 @@ class CheckpointManager:
             found[name] = manifest
         return found
 
-    def restore_latest(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Restored | None:
+    def restore_latest(self, training_state: TrainingState) -> Restored | None:
         """Load the newest checkpoint that verifies (every rank calls it); None when there is none.
 
         Rank 0 picks and verifies (hashes, HMAC, DCP's index); the choice and its manifest are
@@ -384,7 +386,7 @@ class CheckpointManager:
         from scaletrain.checkpoint import dcp_io
 
         try:
-            dcp_io.load(model, optimizer, local_dir, choice.manifest.files, self.group)
+            dcp_io.load(training_state, local_dir, choice.manifest.files, self.group)
         except CheckpointRefused as exc:  # changed since rank 0 verified it
             raise CheckpointError(f"checkpoint {self.storage.describe(choice.name)} refused: {exc}") from None
         trainer_state = json.loads(file_path(local_dir, TRAINER_STATE_FILE).read_text(encoding="utf-8"))

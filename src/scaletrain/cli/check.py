@@ -54,12 +54,17 @@ def validate(job: JobArg, set_: SetOpt = None) -> None:
     """Check a job file (and that its task imports); print the resolved job."""
     from scaletrain.api import resolve_job
     from scaletrain.config import job_to_yaml
-    from scaletrain.task import check_task_args, check_task_target, resolve_task_factory
+    from scaletrain.task import check_job_code, check_task_args, resolve_task_factory
 
     config, search_path = resolve_job(job, set_ or [])
-    check_task_target(config.task.target, config.task.args, search_path)
-    factory = resolve_task_factory(config.task.target, search_path)
-    check_task_args(factory, config.task.args, config.task.target)
+    check_job_code(config, search_path)
+    if config.task is not None:
+        factory = resolve_task_factory(config.task.target, search_path)
+        check_task_args(factory, config.task.args, config.task.target)
+    elif config.loop is not None:
+        from scaletrain.runners.loop import resolve_loop
+
+        resolve_loop(config.loop.target, search_path)
     typer.echo(job_to_yaml(config), nl=False)
 
 

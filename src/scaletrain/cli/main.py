@@ -11,6 +11,7 @@ from __future__ import annotations
 # ruff: noqa: I001  the imports' order is the commands' order in --help
 
 from scaletrain.cli import train  # noqa: F401  run, resume
+from scaletrain.cli import launch  # noqa: F401  launch (a torchrun script)
 from scaletrain.cli import tune  # noqa: F401  tune
 from scaletrain.cli import plan  # noqa: F401  plan
 from scaletrain.cli import check  # noqa: F401  verify-resume, validate, check, schema

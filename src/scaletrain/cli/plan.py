@@ -71,6 +71,9 @@ def _estimate(job: str | None, overrides: list[str], params: float | None,
         from scaletrain.task import build_task
 
         config, search_path = resolve_job(job, overrides)
+        if config.task is None:
+            raise ConfigError("scaletrain plan builds the model of a task: job; a loop builds its own. "
+                              "Plan it as a what-if (--params N, or --layers/--hidden/--heads)")
         return plan_job(config, build_task(config.task.target, config.task.args, search_path),
                         what_if["hardware"])
     if any(dims.values()):

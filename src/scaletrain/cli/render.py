@@ -49,7 +49,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     table.add_column(overflow="fold")
     table.add_row("run", str(summary.get("run_id")))
     table.add_row("workers", f"{summary.get('world_size')} ({summary.get('engine')}, {summary.get('strategy')})")
-    steps = str(summary.get("steps"))
+    steps = str(summary.get("steps")) if summary.get("steps") or summary.get("strategy") != "script" else "not reported (scaletrain.report)"
     if summary.get("resumed_from_step"):
         steps += f" (resumed from step {summary['resumed_from_step']})"
     if summary.get("restarts"):
@@ -68,7 +68,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     wall, first = summary.get("wall_time_s"), summary.get("time_to_first_step_s")
     if isinstance(wall, (int, float)):  # first None: no step ran (a resumed run already done)
         table.add_row("wall time", f"{wall:.1f} s" + (
-            f" (first step after {first:.1f} s)" if isinstance(first, (int, float)) else " (no step to run)"))
+            f" (first step after {first:.1f} s)" if isinstance(first, (int, float))
+            else "" if summary.get("strategy") == "script" else " (no step to run)"))
     if summary.get("checkpoint_step") is not None:
         table.add_row("checkpoint", f"step {summary['checkpoint_step']}")
     for key in ("weights", "logs"):

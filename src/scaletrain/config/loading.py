@@ -21,10 +21,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from scaletrain.config.schema import BOOL_REJECTED, JobConfig
+from scaletrain.config.schema import BOOL_REJECTED, REQUIRED, JobConfig
 from scaletrain.errors import ConfigError
 
-__all__ = ["load_job", "parse_job", "apply_overrides", "job_to_yaml", "job_schema"]
+__all__ = ["load_job", "read_job_mapping", "parse_job", "apply_overrides", "job_to_yaml", "job_schema"]
 
 _INT = "tag:yaml.org,2002:int"
 MAX_FILE_BYTES = 1 << 20  # a job file describes a job; data lives in files its task reads
@@ -85,6 +85,12 @@ def _load_yaml(text: str) -> Any:
 def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
     """Read a YAML job file, apply dotted overrides, validate. Raises ConfigError."""
     path = Path(path)
+    return parse_job(read_job_mapping(path), overrides, source=str(path))
+
+
+def read_job_mapping(path: Path) -> dict[str, Any]:
+    """A job file's mapping, read and parsed but not validated (``name`` defaults to the file's
+    stem). Raises ConfigError."""
     if not path.exists():
         raise ConfigError(f"job file '{path}' not found; check the path")
     if path.is_dir():
@@ -113,7 +119,7 @@ def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> J
             source=str(path),
         )
     data.setdefault("name", path.stem)
-    return parse_job(data, overrides, source=str(path))
+    return data
 
 
 def parse_job(
@@ -265,6 +271,8 @@ def _describe(err: dict[str, Any]) -> str:
     if index is not None:
         path += f"[{index}]"
     kind = err["type"]
+    if err.get("input") is REQUIRED:
+        return f"{path}: required; add it to the job file"
     if kind == "extra_forbidden":
         return f"{path}: unknown key{_suggestion(loc)}"
     if kind == "missing" and index is not None:  # a tuple field with too few elements

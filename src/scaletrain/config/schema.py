@@ -26,6 +26,8 @@ from pydantic import (
 __all__ = [
     "JobConfig",
     "TaskConfig",
+    "LoopConfig",
+    "ScriptConfig",
     "DataConfig",
     "OptimConfig",
     "TrainConfig",
@@ -39,6 +41,7 @@ __all__ = [
     "MAX_SEED",
     "MAX_WORKERS",
     "MAX_LOCAL_WORKERS",
+    "REQUIRED",
 ]
 
 MAX_SECONDS = 1e7  # every *_s wait or timeout: about 116 days
@@ -179,6 +182,17 @@ def _not_json(value: Any, where: str) -> str | None:
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
+class _Required:
+    """Stands for a section a task job must have and lacks: it fails validation as one, and the
+    loader says ``<section>: required``."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+REQUIRED = _Required()
+
+
 class Section(BaseModel):
     # No inf or nan in any number: they validate against every bound and crash later.
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
@@ -204,6 +218,32 @@ class TaskConfig(Section):
         if problem:
             raise ValueError(problem)
         return args
+
+
+class LoopConfig(TaskConfig):
+    """Your own training loop: ``package.module:function``, called as ``function(ctx)`` on every
+    worker; ``args`` reach it as ``ctx.config``."""
+
+    target: str = Field(description="import path of the loop function, `package.module:function`")
+    args: dict[str, Any] = Field(default_factory=dict, description="the loop's settings, as ctx.config")
+
+
+class ScriptConfig(Section):
+    """A script written for torchrun, run unchanged (``scaletrain launch``)."""
+
+    path: str = Field(description="the script, relative to the directory the job starts from")
+    args: list[str] = Field(default_factory=list, description="its command-line arguments")
+    mlflow_run: Literal["auto", "always", "never"] = Field(
+        "auto", description="hand the job's MLflow run to the script (MLFLOW_RUN_ID): auto = when "
+        "its source mentions mlflow (rank 0 then waits for the run to open)",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _a_script(cls, path: str) -> str:
+        if not path.strip() or "\0" in path:
+            raise ValueError("name the script to run, e.g. train.py")
+        return path
 
 
 class DataConfig(Section):
@@ -236,7 +276,7 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _one_length(self) -> TrainConfig:
-        if (self.max_steps is None) == (self.epochs is None):
+        if self.max_steps is not None and self.epochs is not None:
             raise ValueError("set exactly one of train.max_steps or train.epochs")
         return self
 
@@ -488,11 +528,21 @@ class RecoveryConfig(Section):
 class JobConfig(Section):
     """A whole training job, as written in a YAML job file."""
 
+    # For editors (docs/job.schema.json): a job names its code one way; a task needs data and optim.
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["task", "data", "optim", "train"]}, {"required": ["loop"]}, {"required": ["script"]},
+    ]})
+
     name: str = Field("job", description="job name; runs go to <run_dir>/<name>/<run id>/")
-    task: TaskConfig
-    data: DataConfig
-    optim: OptimConfig
-    train: TrainConfig
+    task: TaskConfig | None = Field(None, description="a scaletrain Task to train (this, or loop)")
+    loop: LoopConfig | None = Field(None, description="or: your own training loop, called with a context")
+    script: ScriptConfig | None = Field(None, description="or: a torchrun script, run unchanged")
+    # The Task runner's sections, required with task: and refused with loop: (a loop builds its
+    # own loaders and optimizer). Typed as always present: only a loop job's own code paths,
+    # which never read them, see None.
+    data: DataConfig = Field(None, validate_default=False)  # type: ignore[assignment]  # None only in a loop job (see above)
+    optim: OptimConfig = Field(None, validate_default=False)  # type: ignore[assignment]  # None only in a loop job (see above)
+    train: TrainConfig = Field(default_factory=TrainConfig)
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -500,6 +550,67 @@ class JobConfig(Section):
     seed: Seed = 0
     deterministic: bool = Field(False, description="use deterministic kernels (slower)")
     run_dir: str = Field("runs", description="where run directories are created")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent_sections(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        # A loop job dumped and read again says data: null, optim: null (absent, not a section).
+        if any(data.get(k, 0) is None for k in ("data", "optim")):
+            data = {k: v for k, v in data.items() if not (k in ("data", "optim") and v is None)}
+        # A task job (or one that names no code yet) without a section it needs: reported as
+        # missing beside every other problem of the file, not after them.
+        if data.get("loop") is None and data.get("script") is None:
+            missing = [k for k in ("data", "optim", "train") if k not in data]
+            if missing:
+                data = {**data, **{k: REQUIRED for k in missing}}
+        return data
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> JobConfig:
+        given = [name for name in ("task", "loop", "script") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "set exactly one of task: (a scaletrain Task, `module:factory`), loop: (your own "
+                "training loop, `module:function`) or script: (a torchrun script)"
+                + (f" ({' and '.join(given)} are set)" if given else "")
+            )
+        if self.task is not None:
+            missing = [name for name in ("data", "optim") if getattr(self, name) is None]
+            if missing:
+                raise ValueError(f"a task job needs the section(s) {', '.join(missing)}; add "
+                                 + " and ".join(f"{name}:" for name in missing) + " to the job file")
+            if self.train.max_steps is None and self.train.epochs is None:
+                raise ValueError("set exactly one of train.max_steps or train.epochs")
+            return self
+        kind = "loop" if self.loop is not None else "script"
+        given = [name for name in ("data", "optim") if getattr(self, name) is not None]
+        if given:
+            where = ("into loop.args (your loop reads them as ctx.config)" if kind == "loop"
+                     else "into the script's arguments")
+            raise ValueError(f"a {kind} job builds its own data loaders and optimizer: move the "
+                             f"{' and '.join(given)} settings {where}")
+        loop_train = {"max_steps", "log_every"}
+        refused = [name for name, field in TrainConfig.model_fields.items()
+                   if name not in loop_train and getattr(self.train, name) != field.default]
+        if refused:
+            raise ValueError(f"train.{refused[0]} is the Task runner's; a {kind} job's train: takes only "
+                             "max_steps (the total, for the progress bar) and log_every")
+        if kind == "script":
+            if self.scale.engine == "ray":
+                raise ValueError("a script runs on the local engine (one launcher per machine, "
+                                 "scale.nodes for several): set scale.engine local")
+            return self
+        if self.scale.strategy == "zero1":
+            raise ValueError("scale.strategy zero1 shards the optimizer the Task runner builds; a loop "
+                             "builds its own: use ddp or fsdp")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """What runs: ``task``, ``loop`` or ``script``."""
+        return "task" if self.task is not None else "loop" if self.loop is not None else "script"
 
     @field_validator("name")
     @classmethod

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from scaletrain.checkpoint.manager import CheckpointError, CheckpointManager
+from scaletrain.checkpoint.state import ModelAndOptimizer
 from scaletrain.config.schema import JobConfig
 from scaletrain.data.sampler import DataLayout
 
@@ -44,11 +45,11 @@ class Checkpointer:
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
              metrics: dict[str, float]) -> None:
-        self.manager.save(step, model, optimizer, self.state(step, scheduler), metrics)
+        self.manager.save(step, ModelAndOptimizer(model, optimizer), self.state(step, scheduler), metrics)
 
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> int | None:
         """Load the newest verified checkpoint into these; its step, or None when there is none."""
-        restored = self.manager.restore_latest(model, optimizer)
+        restored = self.manager.restore_latest(ModelAndOptimizer(model, optimizer))
         if restored is None:
             return None
         state = restored.trainer_state

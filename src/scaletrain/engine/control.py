@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -58,8 +58,10 @@ class Control:
         watchdog: ProgressWatch | None,
         save_every_s: float | None,
         interval_s: float = 0.25,
+        group: Any = None,
     ):
         self.distributed = distributed
+        self.group = group  # the process group agreeing (None: the default one)
         self.stop = stop if stop is not None else _NoStop()
         self.watchdog = watchdog
         self.save_every_s = save_every_s
@@ -92,7 +94,7 @@ class Control:
                 float(_SIGNAL_CODES.get(self.stop.signal_name or "", 0)),
             ]
         )
-        collectives.all_reduce(local, "max")  # on gloo: no GPU sync for a control message
+        collectives.all_reduce(local, "max", self.group)  # on gloo: no GPU sync for a control message
         stop, save, not_ready, interval, code = local.tolist()
         self._next_check = step + int(interval)
         self._checked_at, self._checked_step = time.monotonic(), step

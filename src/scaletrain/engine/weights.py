@@ -10,7 +10,7 @@ from torch import nn
 
 from scaletrain.rundir.atomic import atomic_path
 
-__all__ = ["state_dict_sha256", "save_weights"]
+__all__ = ["state_dict_sha256", "save_weights", "save_state_weights"]
 
 
 def state_dict_sha256(state_dict: dict[str, torch.Tensor]) -> str:
@@ -35,4 +35,17 @@ def save_weights(model: nn.Module, path: str | Path, metadata: dict[str, str] | 
     path = Path(path)
     with atomic_path(path) as tmp:
         save_model(model, str(tmp), metadata=metadata)
+    return path
+
+
+def save_state_weights(state: dict[str, torch.Tensor], path: str | Path,
+                       metadata: dict[str, str] | None = None) -> Path:
+    """Write gathered weights (a sharded model's full state dict) as safetensors, atomically."""
+    from safetensors.torch import save_file
+
+    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in state.items()
+               if isinstance(t, torch.Tensor)}
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
     return path

@@ -21,10 +21,10 @@ LAUNCHERS: dict[str, str] = {
 
 def launcher_name(job: JobConfig, rendezvous: Any = None) -> str:
     """The job's engine; one worker runs in-process, unless it must survive its own death
-    (restarts) or is one node of several (``rendezvous``)."""
+    (restarts), is one node of several (``rendezvous``) or is a script (its own process)."""
     if job.scale.engine == "ray":
         return "ray"
-    if job.scale.workers == 1 and job.recovery.max_restarts == 0 and rendezvous is None:
+    if job.scale.workers == 1 and job.recovery.max_restarts == 0 and rendezvous is None and job.script is None:
         return "in-process"
     return "local"
 

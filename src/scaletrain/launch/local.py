@@ -42,16 +42,21 @@ class LocalLauncher(Launcher):
     name = "local"
 
     def __init__(self, max_restarts: int = 0, grace_period_s: float = 60.0,
-                 rendezvous: Rendezvous | None = None, job_workers: int | None = None):
+                 rendezvous: Rendezvous | None = None, job_workers: int | None = None,
+                 worker_module: str = "scaletrain.launch.worker"):
         self.max_restarts = max_restarts
+        # What each worker process runs: the worker runtime, or for a script the script
+        # worker that runs it as its child (launch/script_worker.py).
+        self.worker_module = worker_module
         self.grace_period_s = grace_period_s
         self.rendezvous = rendezvous  # several nodes: opened by the caller; else one machine's
         self.job_workers = job_workers  # on all nodes together
 
     @classmethod
     def from_job(cls, job: JobConfig, rendezvous: Rendezvous | None = None) -> LocalLauncher:
+        module = "scaletrain.launch.script_worker" if job.script is not None else "scaletrain.launch.worker"
         return cls(job.recovery.max_restarts, job.recovery.grace_period_s, rendezvous,
-                   job_workers=job.scale.workers)
+                   job_workers=job.scale.workers, worker_module=module)
 
     def launch(self, spec: RunSpec, workers: int) -> dict[str, Any]:
         """Run ``workers`` workers on this machine (this node's share of the job)."""
@@ -87,7 +92,7 @@ class LocalLauncher(Launcher):
         restore_env = _set_environ(worker_env)  # the agent starts the workers with this env
         forwarder = _StopForwarder(self.grace_period_s).install()
         try:
-            elastic_launch(config, sys.executable)("-m", "scaletrain.launch.worker", str(spec_file))
+            elastic_launch(config, sys.executable)("-m", self.worker_module, str(spec_file))
         except ChildFailedError as exc:
             if forwarder.killed is not None:  # the grace period after a stop ran out
                 raise StopTimedOut(forwarder.killed, self.grace_period_s, spec.run_dir) from None

@@ -21,7 +21,7 @@ from scaletrain.plan.hardware import Hardware
 from scaletrain.plan.model_profile import ModelProfile, profile_task
 from scaletrain.plan.state_bytes import ParamShape
 
-__all__ = ["resolve_auto_strategy"]
+__all__ = ["resolve_auto_strategy", "auto_strategy_for_model"]
 
 log = logging.getLogger("scaletrain.plan")
 STATE_SHARE = 0.5
@@ -66,6 +66,24 @@ def resolve_auto_strategy(job: JobConfig, task: Any, world: int, device: torch.d
         log.info("strategy auto -> %s%s: %s", strategy, " with activation checkpointing" if checkpointing else "",
                  reason, extra={"strategy": strategy, "activation_checkpointing": checkpointing})
     return _with(job, strategy, checkpointing or job.scale.activation_checkpointing)
+
+
+def auto_strategy_for_model(job: JobConfig, model: torch.nn.Module, world: int, device: torch.device,
+                            is_main: bool) -> JobConfig:
+    """``auto`` for a user's loop (ctx.prepare): its model is given, its loss and batches are
+    not, so the choice is from the model's state alone (AdamW's, the usual optimizer): ddp
+    while a replica of the state takes under half a device, else fsdp."""
+    if world == 1:
+        return _with(job, "single", job.scale.activation_checkpointing)
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    memory = _device_memory(device, world)
+    state = 16 * params  # fp32 weights, gradients and two AdamW moments
+    strategy = "ddp" if state <= STATE_SHARE * memory else "fsdp"
+    if is_main:
+        log.info("strategy auto -> %s: the model's state (%.3g GB with AdamW) takes %s half of a device's %.3g GB "
+                 "(a loop's activations are not measured)", strategy, state / 1e9,
+                 "under" if strategy == "ddp" else "over", memory / 1e9, extra={"strategy": strategy})
+    return _with(job, strategy, job.scale.activation_checkpointing)
 
 
 def _with(job: JobConfig, strategy: str, checkpointing: bool) -> JobConfig:

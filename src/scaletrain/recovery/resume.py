@@ -247,7 +247,10 @@ def _same(a: Path, b: Path) -> bool:
 def keep_global_batch(trained: JobConfig, resumed: JobConfig) -> tuple[JobConfig, list[str]]:
     """A run resumed at another size (workers, per-worker batch) keeps its global batch, so it
     reads the same batches and computes the same numbers: ``train.grad_accum`` makes up the
-    difference. Refused, with what would fit, when no whole number of micro-steps does."""
+    difference. Refused, with what would fit, when no whole number of micro-steps does. A
+    loop job's batches are the loop's own business."""
+    if trained.task is None or resumed.task is None:
+        return resumed, []
     target, now = global_batch(trained), global_batch(resumed)
     if target == now:
         return resumed, []

@@ -155,8 +155,13 @@ def _waits_in_collective(path: Any) -> bool:
         dump = path.read_text(encoding="utf-8", errors="replace").rsplit("Timeout (", 1)[-1]
     except OSError:
         return False
-    for thread in dump.split("\n\n"):
-        frames = [line.strip() for line in thread.splitlines() if line.strip().startswith("File ")]
+    blocks = dump.split("\n\n")
+    threads = [[line.strip() for line in thread.splitlines() if line.strip().startswith("File ")]
+               for thread in blocks]
+    for frames in threads:
         if any(room in frame for frame in frames for room in _TRAINING_IN):
             return any(part in frames[0] for part in _WAITING_IN)
-    return False
+    # A script's (scaletrain launch): its main thread, the one the dump was taken on, first.
+    current = next((frames for block, frames in zip(blocks, threads) if "Current thread" in block and frames),
+                   next((frames for frames in threads if frames), []))
+    return bool(current) and any(part in current[0] for part in _WAITING_IN)

@@ -9,6 +9,7 @@ __all__ = [
     "TRACKING_DIR", "MLFLOW_RUN_FILE", "worker_log_name", "worker_error_name", "worker_stacks_name",
     "RESTART_COUNT_ENV", "FAULT_ENV", "DENY_WRITES_ENV", "CHECKPOINT_KEY_ENV", "NODE_RANK_ENV",
     "DRIVER_STORE_ENV", "NODE_DIR_ENV", "RAY_NODE_LOCAL_ENV", "TRACKING_TAGS_ENV", "EXTRA_TAGS_ENV",
+    "LOOP_FILE_ENV", "LOOP_KEY_ENV", "SCRIPT_SPEC_ENV", "HEARTBEAT_ENV",
 ]
 
 SPEC_FILE = "spec.json"  # what every worker starts from (unredacted, the owner's alone, never uploaded)
@@ -37,6 +38,14 @@ NODE_RANK_ENV = "SCALETRAIN_NODE_RANK"  # the launcher's node rank
 DRIVER_STORE_ENV = "SCALETRAIN_DRIVER_STORE"  # HOST:PORT of the driver's store (failures go there)
 TRACKING_TAGS_ENV = "SCALETRAIN_TRACKING_TAGS"  # `tune`: JSON tags for a trial's MLflow run
 EXTRA_TAGS_ENV = "_SCALETRAIN_TRACKING_EXTRA_TAGS"  # the tracking process's tags from its launcher
+# scaletrain.launch(loop) with a loop defined in __main__ (a notebook, a script): the file its
+# workers load it from, and the HMAC key (a secret, never on disk) that file must verify with
+# `scaletrain launch`: a script's run (scaletrain.report() finds it from its spec file) and the
+# file its report()/should_stop() calls touch, the progress the hang check looks for
+SCRIPT_SPEC_ENV = "SCALETRAIN_SPEC"
+HEARTBEAT_ENV = "SCALETRAIN_HEARTBEAT"
+LOOP_FILE_ENV = "SCALETRAIN_LOOP_FILE"
+LOOP_KEY_ENV = "SCALETRAIN_LOOP_KEY"
 # Testing facilities:
 FAULT_ENV = "SCALETRAIN_FAULT"  # recovery/faults.py: kill, hang or stop a chosen rank at a step
 DENY_WRITES_ENV = "SCALETRAIN_DENY_WRITES"  # a folder this worker may not write (another machine's)

@@ -1,7 +1,8 @@
 """Runners by kind of job. Adding a kind means a module and a line here: the worker runtime and
 the engines (in-process, local, Ray) do not change, and never import a runner's internals.
 
-The kind is the job file's section that names the code to run (``task:`` today)."""
+The kind is the job file's section that names the code to run: ``task:`` (a scaletrain Task,
+trained by the engine's loop) or ``loop:`` (the user's own loop, given a LoopContext)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ __all__ = ["Runner", "RUNNERS", "runner_kind", "get_runner"]
 # not import TensorFlow into a PyTorch job).
 RUNNERS: dict[str, str] = {
     "task": "scaletrain.runners.task:TaskRunner",
+    "loop": "scaletrain.runners.loop:LoopRunner",
 }
 
 

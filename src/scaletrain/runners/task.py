@@ -41,6 +41,7 @@ class TaskRunner(Runner):
 
     def _fit(self, runtime: WorkerRuntime) -> TrainResult:
         spec, job, env = runtime.spec, runtime.job, runtime.env
+        assert job.task is not None  # noqa: S101  the runner of task jobs
         task = build_task(job.task.target, job.task.args, spec.python_path)
         if job.scale.strategy == "auto":  # the planner's choice for these workers, logged with its reason
             from scaletrain.plan.auto import resolve_auto_strategy

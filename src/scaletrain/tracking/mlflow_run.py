@@ -108,7 +108,7 @@ class TrackingRun:
         tags["scaletrain.python_path"] = json.dumps(python_path)
         tags = redactor.mapping({**tags, **(extra_tags or {})})
         run = client.create_run(experiment_id, run_name=local_run_id, tags=tags)
-        params = redactor.mapping(flatten(raw))
+        params = redactor.mapping(job_params(raw))
         items = [Param(k, _param_text(v)) for k, v in params.items()]
         for i in range(0, len(items), _PARAMS_PER_BATCH):
             client.log_batch(run.info.run_id, params=items[i : i + _PARAMS_PER_BATCH])
@@ -204,3 +204,47 @@ def _git_tags() -> dict[str, str]:
         "scaletrain.git.branch": state["branch"],
         "scaletrain.git.dirty": "true" if state["dirty"] else "false",
     }
+
+
+_SECTIONS_SOMETIMES_ABSENT = ("task", "loop", "script", "data", "optim")
+
+
+def job_params(raw: dict[str, Any]) -> dict[str, Any]:
+    """The job as MLflow params: its keys flattened (a section a job of its kind does not have is
+    left out); a script's arguments also one by one (``--lr 0.1`` -> ``script.args.lr``)."""
+    present = {k: v for k, v in raw.items() if not (k in _SECTIONS_SOMETIMES_ABSENT and v is None)}
+    params = flatten(present)
+    script = raw.get("script") or {}
+    params.update({f"script.args.{name}": value for name, value in script_arguments(script.get("args") or []).items()})
+    return params
+
+
+def script_arguments(args: list[str]) -> dict[str, str]:
+    """``--name value``, ``--name=value`` and ``--flag`` (true) by name; the rest by position."""
+    found: dict[str, str] = {}
+    position = 0
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("-") and len(arg) > 1 and not _is_number(arg):
+            name, equals, value = arg.lstrip("-").partition("=")
+            if not equals:
+                following = args[i + 1] if i + 1 < len(args) else None
+                if following is not None and (not following.startswith("-") or _is_number(following)):
+                    value, i = following, i + 1
+                else:
+                    value = "true"
+            found[name.replace("-", "_")] = value
+        else:
+            found[str(position)] = arg
+            position += 1
+        i += 1
+    return found
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -38,8 +38,10 @@ def worker_reporter(spec: RunSpec, job: JobConfig, context: LogContext, is_main:
         return Reporters(*sinks)
     if console is not None:
         sinks.append(console)
+    # A loop reports when it chooses: all of it is kept (the console keeps its cadence).
+    kept_every = 1 if job.loop is not None else job.train.log_every
     sinks += [
-        MetricsFile(os.path.join(spec.out_dir, METRICS_FILE), every=job.train.log_every),
+        MetricsFile(os.path.join(spec.out_dir, METRICS_FILE), every=kept_every),
         LogReporter(logging.getLogger(f"{LOGGER_NAME}.metrics"), every=job.train.log_every),
     ]
     if progress_wanted():
@@ -48,7 +50,7 @@ def worker_reporter(spec: RunSpec, job: JobConfig, context: LogContext, is_main:
         sinks.append(
             JournalReporter(
                 os.path.join(spec.out_dir, TRACKING_DIR),
-                every=job.tracking.log_every_steps or job.train.log_every,
+                every=job.tracking.log_every_steps or kept_every,
             )
         )
     return Reporters(*sinks)

@@ -114,7 +114,7 @@ def _key_problem(job: JobConfig, dimension: Dimension, search_path: list[str]) -
     override = f"{dimension.key}={json.dumps(dimension.sample_value())}"
     try:
         trial = parse_job(job.model_dump(mode="json"), [override])
-        if dimension.key.startswith("task.args."):
+        if dimension.key.startswith("task.args.") and trial.task is not None:
             check_task_target(trial.task.target, trial.task.args, search_path)
     except ConfigError as exc:
         return f"{dimension.key}: the job does not take it: {exc.problems[0]}"

@@ -1,0 +1,139 @@
+"""What a checkpoint holds, as DCP sees it: the Task runner's model and optimizer, or the objects
+a user's loop hands to ``ctx.save`` (modules, optimizers, anything with ``state_dict()``,
+tensors, plain values).
+
+Both give DCP a state dict to write or to fill, and take the filled one back after a load, so
+the CheckpointManager's saving, verifying, retention and storage are the same for both. The DCP
+calls stay in dcp_io.py, imported only when a checkpoint is written or read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Protocol
+
+import torch
+
+__all__ = ["TrainingState", "ModelAndOptimizer", "LoopObjects", "plain_values"]
+
+
+class TrainingState(Protocol):
+    def dcp_state(self) -> dict[str, Any]:
+        """The state DCP writes, or fills in place on a load (the same keys)."""
+
+    def load_dcp_state(self, state: dict[str, Any]) -> None:
+        """Put a loaded state back into the live objects."""
+
+
+class ModelAndOptimizer:
+    """The Task runner's state: the model and its optimizer, keyed by parameter names."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def dcp_state(self) -> dict[str, Any]:
+        from scaletrain.checkpoint import dcp_io
+
+        return dcp_io.state_of(self.model, self.optimizer)
+
+    def load_dcp_state(self, state: dict[str, Any]) -> None:
+        from scaletrain.checkpoint import dcp_io
+
+        dcp_io.set_state(self.model, self.optimizer, state)
+
+
+class LoopObjects:
+    """A loop's state, as it names it: ``{"model": model, "optimizer": opt, "epoch": 3}``.
+
+    Modules and optimizers go through DCP's state-dict API (parameter names, any strategy, any
+    number of workers on load); an optimizer is paired with the module whose parameters it
+    steps. Anything else with ``state_dict()``/``load_state_dict()`` (an LR scheduler, a
+    GradScaler) and tensors go to DCP as they are. Plain values (numbers, strings, lists,
+    mappings) travel as JSON beside it (``values``), readable in ``scaletrain checkpoints show``.
+    """
+
+    def __init__(self, objects: dict[str, Any]):
+        if not isinstance(objects, dict) or not objects:
+            raise TypeError("a checkpoint's state is a dict of what to keep, e.g. "
+                            "{'model': model, 'optimizer': optimizer, 'epoch': epoch}")
+        self.objects = objects
+
+    def _kept_by_dcp(self) -> dict[str, Any]:
+        return {key: value for key, value in self.objects.items() if _in_dcp(value)}
+
+    def dcp_state(self) -> dict[str, Any]:
+        from scaletrain.checkpoint import dcp_io
+
+        state: dict[str, Any] = {}
+        for key, value in self._kept_by_dcp().items():
+            if isinstance(value, torch.nn.Module):
+                state[key] = dcp_io.model_state(value)
+            elif isinstance(value, torch.optim.Optimizer):
+                state[key] = dcp_io.optimizer_state(self._owner(key, value), value)
+            elif isinstance(value, torch.Tensor):
+                state[key] = value
+            else:
+                state[key] = value.state_dict()
+        return state
+
+    def load_dcp_state(self, state: dict[str, Any]) -> None:
+        from scaletrain.checkpoint import dcp_io
+
+        for key, value in self._kept_by_dcp().items():
+            if isinstance(value, torch.nn.Module):
+                dcp_io.set_model_state(value, state[key])
+            elif isinstance(value, torch.optim.Optimizer):
+                dcp_io.set_optimizer_state(self._owner(key, value), value, state[key])
+            elif isinstance(value, torch.Tensor):
+                with torch.no_grad():
+                    value.copy_(state[key])
+            else:
+                value.load_state_dict(state[key])
+
+    def values(self) -> dict[str, Any]:
+        return plain_values({key: value for key, value in self.objects.items() if not _in_dcp(value)})
+
+    def set_values(self, values: dict[str, Any]) -> None:
+        for key in self.objects:
+            if key in values and not _in_dcp(self.objects[key]):
+                self.objects[key] = values[key]
+
+    def _owner(self, key: str, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+        """The module whose parameters ``optimizer`` steps (DCP keys its state by their names)."""
+        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for value in self.objects.values():
+            if isinstance(value, torch.nn.Module) and any(id(p) in stepped for p in value.parameters()):
+                return value
+        raise TypeError(f"the optimizer {key!r} steps parameters of no module in the state; keep "
+                        "the model beside it, e.g. {'model': model, " f"{key!r}: {key}" "}")
+
+
+def _in_dcp(value: Any) -> bool:
+    return isinstance(value, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor)) or (
+        callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
+    )
+
+
+def plain_values(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` as JSON keeps them, or a TypeError naming the first that it cannot keep."""
+    for key, value in values.items():
+        problem = _not_plain(value)
+        if problem:
+            raise TypeError(f"cannot keep {key!r} in a checkpoint: {problem}; keep numbers, strings, "
+                            "lists, mappings, tensors, modules, optimizers or objects with state_dict()")
+    return json.loads(json.dumps(values))
+
+
+def _not_plain(value: Any) -> str | None:
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value} is not a finite number"
+    if isinstance(value, (list, tuple)):
+        return next(filter(None, map(_not_plain, value)), None)
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return "a mapping with keys that are not strings"
+        return next(filter(None, map(_not_plain, value.values())), None)
+    return f"it is a {type(value).__name__}"

@@ -1,0 +1,114 @@
+"""``scaletrain.report()`` and ``scaletrain.should_stop()`` for a script run by ``scaletrain
+launch``: the job's metrics (metrics.jsonl, the one MLflow run) and an agreed stop. Anywhere
+else (plain torchrun, python) both are no-ops, so a script that calls them still runs there.
+
+Both count as progress for the hang check (they touch this rank's heartbeat file, at most twice
+a second). The first ``should_stop()`` takes over SIGTERM and SIGUSR1 from the default (ending
+the process) and is a collective from then on: every rank calls it after every step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from scaletrain.rundir.names import HEARTBEAT_ENV, SCRIPT_SPEC_ENV
+
+__all__ = ["report", "should_stop"]
+
+_session: Any = None
+_BEAT_EVERY_S = 0.5
+
+
+class _Session:
+    def __init__(self, spec_file: str):
+        from scaletrain.rundir import METRICS_FILE, TRACKING_DIR, RunSpec
+        from scaletrain.tracking.journal_sink import JournalReporter
+        from scaletrain.tracking.reporter import MetricsFile, Reporters
+
+        spec = RunSpec.read(spec_file)
+        job = spec.job
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.heartbeat = os.environ.get(HEARTBEAT_ENV)
+        self.beat_at = 0.0
+        self.reported = 0  # the last step reported
+        self.ended = 0  # should_stop() calls: the step its agreement is about
+        self.stop: Any = None
+        self.control: Any = None
+        sinks: list[Any] = []
+        if self.rank == 0:
+            sinks.append(MetricsFile(os.path.join(spec.out_dir, METRICS_FILE), every=1))
+            tracking = job.get("tracking", {})
+            if tracking.get("enabled", True):
+                sinks.append(JournalReporter(os.path.join(spec.out_dir, TRACKING_DIR),
+                                             every=tracking.get("log_every_steps") or 1))
+        self.reporter = Reporters(*sinks)
+        self.reporter.on_start(total_steps=job.get("train", {}).get("max_steps"), start_step=0)
+
+    def beat(self) -> None:
+        now = time.monotonic()
+        if self.heartbeat and now - self.beat_at >= _BEAT_EVERY_S:
+            self.beat_at = now
+            try:
+                os.utime(self.heartbeat) if os.path.exists(self.heartbeat) else open(self.heartbeat, "a").close()
+            except OSError:
+                pass
+
+
+def _current() -> _Session | None:
+    global _session
+    if _session is None:
+        spec_file = os.environ.get(SCRIPT_SPEC_ENV)
+        if not spec_file:
+            return None
+        _session = _Session(spec_file)
+    return _session
+
+
+def report(metrics: dict[str, Any], step: int | None = None) -> None:
+    """Metrics of a step (one past the last reported, by default) to the job's run: rank 0's are kept (names
+    starting eval/ as evaluation metrics, the rest as train/<name>). A no-op outside
+    ``scaletrain launch``."""
+    session = _current()
+    if session is None:
+        return
+    from scaletrain.tracking.reporter import StepReport
+
+    step = session.reported + 1 if step is None else int(step)
+    session.reported = max(session.reported, step)
+    session.beat()
+    if session.rank != 0:
+        return
+    train, evaluation = {}, {}
+    for key, value in metrics.items():
+        number = float(value.item() if hasattr(value, "item") else value)
+        if str(key).startswith("eval/"):
+            evaluation[str(key)[5:]] = number
+        else:
+            train[str(key).removeprefix("train/")] = number
+    if train:
+        session.reporter.on_train_metrics([StepReport(step, train, time.time())])
+    if evaluation:
+        session.reporter.on_eval_metrics(step, evaluation)
+
+
+def should_stop() -> bool:
+    """Call after every step, on every rank: True when the ranks agreed to stop (SIGTERM or
+    SIGUSR1 reached any of them): save what you need and exit 0. False outside ``scaletrain
+    launch``."""
+    session = _current()
+    if session is None:
+        return False
+    session.beat()
+    if session.control is None:
+        from scaletrain.distributed import collectives
+        from scaletrain.engine.control import Control
+        from scaletrain.recovery.signals import StopRequest
+
+        session.stop = StopRequest()
+        session.stop.install()
+        group = collectives.new_gloo_group()  # collective: the first call is made by every rank
+        session.control = Control(collectives.active(), session.stop, None, None, group=group)
+    session.ended += 1
+    return session.control.check(session.ended, async_ready=True, async_pending=False).stop is not None
