@@ -110,5 +110,8 @@ def should_stop() -> bool:
         session.stop.install()
         group = collectives.new_gloo_group()  # collective: the first call is made by every rank
         session.control = Control(collectives.active(), session.stop, None, None, group=group)
+        session.ended += 1
+        session.control.start(session.ended)
+        return False
     session.ended += 1
     return session.control.check(session.ended, async_ready=True, async_pending=False).stop is not None

@@ -108,3 +108,30 @@ def test_the_same_script_runs_under_torchrun(tmp_path):
          "--steps", "3"], cwd=tmp_path, capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "rank 1 step 2 loss" in result.stdout
+
+
+def test_a_script_that_asks_stops_where_its_ranks_agree_and_reports_its_metrics(tmp_path):
+    reporting = REPO / "tests" / "helpers" / "torchrun_reporting.py"
+    command = [sys.executable, "-m", "scaletrain", "launch", "--workers", "2", str(reporting), "--",
+               "--steps", "400", "--sleep", "0.05"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        metrics = list((tmp_path / "runs" / "torchrun_reporting").glob("*/metrics.jsonl"))
+        if metrics and len(metrics[0].read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 75, err[-3000:]  # preempted: resumable
+    stopped_at = int(out.split("stopping at step ")[1].split()[0])
+    [run_dir] = (tmp_path / "runs" / "torchrun_reporting").iterdir()
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, stopped_at + 1)) and 5 <= stopped_at < 400
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    [run] = [run for e in client.search_experiments() for run in client.search_runs([e.experiment_id])]
+    assert run.info.status == "KILLED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == steps

@@ -216,6 +216,17 @@ def test_the_run_and_inspect_commands(checkout):
     checkout.run(readme("scaletrain plan --layers 32 --hidden 4096 --heads 32 --seq 4096 --gpu H100 --devices-per-node 8"))
 
 
+def test_a_loop_and_a_script(checkout):
+    loop = checkout.run(readme("scaletrain run examples/digits_loop.yaml"), "--set", "loop.args.steps=40",
+                        "--set", "train.max_steps=40", "--json")
+    summary = json.loads(loop.stdout)
+    assert summary["steps"] == 40 and summary["strategy"] == "ddp" and summary["eval"]["accuracy"] > 0.5
+    # Shorter: a later --epochs wins in the script's argparse.
+    script = checkout.run(readme("scaletrain launch --workers 2 --max-restarts 2 examples/digits_torchrun.py -- "
+                                 "--epochs 5"), "--epochs", "1")
+    assert "epoch 0 step 29 loss" in script.stdout and "digits_torchrun finished" in script.stdout
+
+
 def test_the_bad_input_examples_print_what_the_readme_shows(checkout):
     job = checkout.root / "examples" / "digits.yaml"
     original = job.read_text()

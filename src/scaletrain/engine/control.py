@@ -71,6 +71,11 @@ class Control:
         self._checked_step = 0
         self.last_save_at = time.monotonic()
 
+    def start(self, step: int) -> None:
+        """Training's clock starts at ``step`` (a Control made in the loop): the first agreement
+        comes after the next step, its interval from that step's time, not from no time at all."""
+        self._checked_at, self._checked_step, self._next_check = time.monotonic(), step, step + 1
+
     def saved(self) -> None:
         self.last_save_at = time.monotonic()
 
