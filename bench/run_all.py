@@ -41,6 +41,7 @@ BENCHES = {
                  ["--repeats", "3"]),
     "ray": ("ray_engine.py", ["--repeats", "1", "--steps", "300"], ["--repeats", "3", "--steps", "600"]),
     "nodes": ("nodes.py", ["--repeats", "1", "--steps", "600"], ["--repeats", "3", "--steps", "1200"]),
+    "script_launch": ("script_launch.py", ["--repeats", "2", "--steps", "2000"], ["--repeats", "5", "--steps", "4000"]),
 }
 TARGETS = {"throughput": 0.97, "tracking": 0.01, "checkpoint_sync": 1.2, "async_stall": 0.10}
 
@@ -123,6 +124,13 @@ def rows(results: dict) -> list[dict]:
             r["ray_engine_vs_plain_ray_train"]["first_step_ratio"])
         add("throughput, Ray engine (steps/s)", _spread(st["steps_per_s"]), _spread(raw["steps_per_s"]) +
             " (plain Ray Train)", r["ray_engine_vs_plain_ray_train"]["steps_per_s_ratio"])
+    r = results.get("script_launch", {})
+    if "median" in r:
+        st, raw = r["median"]["scaletrain"], r["median"]["torchrun"]
+        add("a torchrun script under `scaletrain launch`: time to first step (s)", f"{st['first_step_s']:.1f}",
+            f"{raw['first_step_s']:.1f} (the same script under torchrun)", r["ratio_first_step"])
+        add("a torchrun script under `scaletrain launch`: steps/s", f"{st['steps_per_s']:.0f}",
+            f"{raw['steps_per_s']:.0f} (torchrun)", r["ratio_steps_per_s"])
     r = results.get("nodes", {})
     if "rows" in r:
         one, two = r["rows"]["one node"], r["rows"]["two nodes"]

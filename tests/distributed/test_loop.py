@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -26,21 +27,28 @@ def reference(tmp_path_factory):
     return scaletrain.run(loop_job(tmp_path_factory.mktemp("reference")))
 
 
-def test_a_killed_loop_worker_restarts_and_resumes_to_the_same_weights(tmp_path, monkeypatch, reference):
+def test_a_killed_then_hung_loop_restarts_and_resumes_to_the_same_weights(tmp_path, monkeypatch, reference):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    job = loop_job(tmp_path, tracking={"enabled": True, "uri": uri, "experiment": "loops", "log_model": False})
-    monkeypatch.setenv(FAULT_ENV, "sigkill:rank=1:step=25")
+    job = loop_job(tmp_path, tracking={"enabled": True, "uri": uri, "experiment": "loops", "log_model": False},
+                   recovery={"max_restarts": 2, "hang_timeout_s": 8})
+    # Rank 1 SIGKILLed at step 25; after the restart (from step 20), rank 0 hangs at step 33.
+    monkeypatch.setenv(FAULT_ENV, "sigkill:rank=1:step=25;hang:rank=0:step=33:attempt=1")
     summary = scaletrain.run(job)
     monkeypatch.delenv(FAULT_ENV)
     assert reference["restarts"] == 0 and reference["steps"] == 40 and reference["weights_sha256"]
-    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 20
+    assert summary["restarts"] == 2 and summary["resumed_from_step"] == 30
+    launcher_log = (Path(summary["run_dir"]) / "logs" / "launcher.jsonl").read_text()
+    assert ("restarting the workers after worker rank 1 failed: the process ended without an error (killed: "
+            "SIGKILL, or out of memory)") in launcher_log
+    assert ("restarting the workers after worker rank 0 failed: made no progress for 8 s (hang watchdog; "
+            "rank 1 waited for it in a collective)") in launcher_log
     assert summary["weights_sha256"] == reference["weights_sha256"]
     assert summary["strategy"] == "ddp"
     # Every step reported once: metrics.jsonl and the one MLflow run (steps 21-25 were redone).
     assert [row["step"] for row in read_metrics(summary["run_dir"])] == list(range(1, 41))
     client = MlflowClient(uri)
     assert [m.step for m in client.get_metric_history(summary["mlflow_run_id"], "train/loss")] == list(range(1, 41))
-    assert client.get_run(summary["mlflow_run_id"]).data.tags["scaletrain.restarts"] == "1"
+    assert client.get_run(summary["mlflow_run_id"]).data.tags["scaletrain.restarts"] == "2"
     # The loop's plain values travel in the checkpoint's JSON: 512 samples / 32 a step = 16 steps an epoch.
     trainer = json.loads((tmp_path / "runs" / "loop").glob("*/checkpoints/step-00000040/trainer.json").__next__().read_text())
     assert trainer["values"] == {"epochs_done": 2} and trainer["loaders"] == [40]

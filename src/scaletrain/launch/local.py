@@ -33,6 +33,7 @@ __all__ = ["LocalLauncher", "launch_config"]
 
 log = logging.getLogger(__name__)
 _restart_log = logging.getLogger("scaletrain_launcher.restart")  # launcher.jsonl
+_DIED_SILENTLY = "the process ended without an error (killed: SIGKILL, or out of memory)"
 
 # torch's own loggers for the agent and multiprocessing: their lines go to the launcher log.
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
@@ -141,11 +142,18 @@ def _attempt_logs(spec: RunSpec) -> Any:
                 env[RESTART_COUNT_ENV] = str(self.starts)
             now = failure_files(spec)
             if self.starts:  # a restart: say why, where the user looks (launcher.jsonl)
+                # An error, or a hang's stacks (a watchdog's empty stacks file is no failure: a
+                # rank killed outright leaves its own behind).
                 failed = sorted({int(path.rsplit("worker-", 1)[1].split(".")[0]) for path, state in now.items()
-                                 if self.earlier.get(path) != state})  # an error, or a hang's stacks
+                                 if self.earlier.get(path) != state
+                                 and (path.endswith(".error.json") or state[2] > 0)})
                 if failed:
+                    # A rank that left no file died outright (SIGKILL, the OOM killer): when the
+                    # others only lost their peer, it is the cause.
+                    ranks = {int(env["RANK"]) for env in envs.values() if "RANK" in env}
+                    silent = {rank: _DIED_SILENTLY for rank in ranks - set(failed)}
                     _restart_log.warning("restarting the workers after %s",
-                                         worker_error(spec, failed, {}, self.earlier))
+                                         worker_error(spec, failed, silent, self.earlier))
             self.starts, self.earlier = self.starts + 1, now
             return super().reify(envs)
 
