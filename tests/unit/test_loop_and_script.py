@@ -114,3 +114,25 @@ def test_launch_names_a_missing_script_in_one_line(tmp_path):
     (tmp_path / "train.py").write_text("print('hi')\n")
     result = scaletrain_cli("launch", "--job", str(job), "train.py", cwd=tmp_path)
     assert result.returncode == 2 and "--job: the file names its code (task:)" in result.stderr
+
+
+def test_a_loop_runs_in_process_with_its_card_weights_and_checkpoints(tmp_path):
+    summary = scaletrain.run(loop_job(tmp_path, scale={"workers": 1}, recovery={"max_restarts": 0}))
+    assert summary["engine"] == "in-process" and summary["strategy"] == "single" and summary["steps"] == 40
+    run_dir = tmp_path / "runs" / "loop" / summary["run_id"]
+    card = json.loads((run_dir / "run_card.json").read_text())
+    assert card["data_fingerprint"].startswith("sha256:")
+    assert summary["weights"] == str(run_dir / "model.safetensors") and summary["checkpoint_step"] == 40
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "step-00000020", "step-00000030", "step-00000040"]
+    again = scaletrain.resume(str(run_dir))  # finished: nothing to do, said so
+    assert "nothing to resume" in again["note"]
+
+
+def test_plan_and_check_on_a_loop_job(tmp_path):
+    from tests.helpers.run import REPO, scaletrain_cli
+
+    planned = scaletrain_cli("plan", "examples/digits_loop.yaml")
+    assert planned.returncode == 2 and planned.stderr.startswith("error: scaletrain plan builds the model of a task")
+    checked = scaletrain_cli("check", "examples/digits_loop.yaml", "--set", f"run_dir={tmp_path}", cwd=REPO)
+    assert checked.returncode == 0, checked.stderr

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -87,6 +88,7 @@ class LoopContext:
         self._model: nn.Module | None = None
         self._loaders: list[LoopLoader] = []
         self._restored_positions: list[int] = []  # loaders made after restore() start there
+        self._card: threading.Thread | None = None
         self._state: LoopObjects | None = None
         self._checkpoints: CheckpointManager | None = None
         self._checkpoints_made = False
@@ -142,7 +144,23 @@ class LoopContext:
         if self._restored_positions and len(self._loaders) < len(self._restored_positions):
             loader.position = self._restored_positions[len(self._loaders)]
         self._loaders.append(loader)
+        if self.is_main and self._card is None:  # the run card, with this data's fingerprint, beside training
+            self._card = threading.Thread(target=self._write_card, args=(dataset,), daemon=True,
+                                          name="scaletrain-card")
+            self._card.start()
         return loader
+
+    def _write_card(self, dataset: Any) -> None:
+        from scaletrain.tracking.redact import Redactor
+        from scaletrain.tracking.run_card import build_run_card, data_fingerprint, write_run_card
+
+        spec = self._runtime.spec
+        try:
+            fingerprint = data_fingerprint(None, dataset) if dataset is not None else "the loop reads its own data"
+            card = build_run_card(spec.job, fingerprint, self.world_size)
+            write_run_card(spec.out_dir, card, Redactor.for_config(spec.job))
+        except Exception:
+            log.warning("could not write the run card", exc_info=True)
 
     def eval_loader(self, dataset: Dataset, batch_size: int,
                     collate_fn: Callable[[list[Any]], Any] | None = None) -> DataLoader:
@@ -293,6 +311,11 @@ class LoopContext:
             if due and self._state is not None and checkpoints.last_saved_step != self.step and self.step:
                 self._save(self._state, self.step, self._metrics)
             checkpoints.close()
+        if self.is_main:
+            if self._card is None:  # no ctx.loader: the card without a data fingerprint
+                self._write_card(None)
+            else:
+                self._card.join()
         sha = ""
         if self._model is not None and self._strategy is not None:
             state = self._strategy.full_state_dict(self._model)  # collective for sharded models
