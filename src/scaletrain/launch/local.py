@@ -67,7 +67,8 @@ class LocalLauncher(Launcher):
 
         rendezvous = self.rendezvous or Rendezvous.single_node(spec.run_id).open()
         register_rendezvous()
-        logs = _attempt_logs(spec)
+        script_store = self.worker_module.endswith("script_worker") and rendezvous.max_nodes == 1
+        logs = _attempt_logs(spec, host_store_for_workers=script_store)
         config, config_env = launch_config(
             LaunchConfig,
             nproc_per_node=workers,
@@ -88,7 +89,9 @@ class LocalLauncher(Launcher):
                                         redactor=Redactor.for_config(spec.job))
         # A fresh workers' store per attempt (rank 0 hosts it): with the agent's shared one, a
         # restarted gloo rank can connect to the previous attempt's dead peer (torch 2.13; seen
-        # with plain torchrun too).
+        # with plain torchrun too). A script on one machine gets a fresh store per attempt that
+        # this launcher hosts (AttemptLogs): one its rank 0 hosted would go away when rank 0
+        # exits, under ranks still in destroy_process_group (they abort, SIGABRT).
         worker_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **rendezvous.worker_env(), **config_env}
         restore_env = _set_environ(worker_env)  # the agent starts the workers with this env
         forwarder = _StopForwarder(self.grace_period_s).install()
@@ -124,7 +127,7 @@ class LocalLauncher(Launcher):
         return checked_result(spec, result)
 
 
-def _attempt_logs(spec: RunSpec) -> Any:
+def _attempt_logs(spec: RunSpec, host_store_for_workers: bool = False) -> Any:
     """torch's log folders per attempt, noting at every start of the workers (this launch, each
     restart) the error and stack files already in the logs: an earlier attempt's (of this launch
     or of one before a resume), never blamed for this one's failure."""
@@ -134,7 +137,17 @@ def _attempt_logs(spec: RunSpec) -> Any:
         earlier: dict[str, Any] = {}
         starts = 0
 
+        stores: list[Any] = []  # the workers' stores, one per attempt (host_store_for_workers)
+
         def reify(self, envs: dict[int, dict[str, str]]) -> Any:
+            if host_store_for_workers:
+                from scaletrain.distributed.stores import host_store
+
+                store = host_store("127.0.0.1", 0, timeout_s=600)
+                self.stores.append(store)
+                for env in envs.values():
+                    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+                               TORCHELASTIC_USE_AGENT_STORE="True")
             # The workers learn which start this is from us: torch elastic's restart count is
             # this agent's failures only, so a node whose workers restart because another node's
             # failed (a membership change) would count none (and redo attempt-0 faults).

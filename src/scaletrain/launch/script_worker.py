@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     stacks = spec.worker_stacks(rank)
     env = {**os.environ, SCRIPT_SPEC_ENV: str(spec_file), HEARTBEAT_ENV: str(heartbeat)}
     env.setdefault("PYTHONUNBUFFERED", "1")  # its lines reach the log as printed, not 8 KiB later
+    # torchrun's default (one thread per worker when unset); ours is this worker's share of the
+    # cores (scale.threads_per_worker), the same as for a task's workers.
+    env.setdefault("OMP_NUM_THREADS", str(spec.threads or 1))
     env.update(_mlflow_env(spec, job, script))
     path = _script_path(script["path"])
     log.info("script started", extra={"script": str(path), "script_args": redactor.text(json.dumps(script["args"])),
