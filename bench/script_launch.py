@@ -42,8 +42,9 @@ def measure(variant: str, steps: int, cwd: Path) -> dict:
     result = subprocess.run(command(variant, steps), cwd=cwd, env=env, capture_output=True, text=True,
                             timeout=600)
     wall = time.time() - started
-    if result.returncode != 0:
-        raise RuntimeError(f"{variant} failed ({result.returncode}): {result.stderr[-2000:]}")
+    if result.returncode != 0:  # counted, shown, and measured again (--repeats stays the sample size)
+        lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("{")]
+        return {"failed": f"exit {result.returncode}: {lines[-1] if lines else ''}", "wall_s": wall}
     found: dict = {}
     for line in result.stdout.splitlines():
         if line.startswith("{") and ("first_step_at" in line or "steps_per_s" in line):
@@ -59,11 +60,18 @@ def main() -> None:
     args = parser.parse_args()
     variants = ["torchrun", "scaletrain"]
     rows: dict[str, list[dict]] = {v: [] for v in variants}
+    failures: dict[str, list[str]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as scratch:
         for repeat in range(args.repeats):
             order = variants[repeat % 2:] + variants[: repeat % 2]
             for variant in order:
                 row = measure(variant, args.steps, Path(scratch))
+                while "failed" in row and len(failures[variant]) < args.repeats:
+                    failures[variant].append(row["failed"])
+                    print(f"{variant:10s} FAILED: {row['failed']}", flush=True)
+                    row = measure(variant, args.steps, Path(scratch))
+                if "failed" in row:
+                    raise RuntimeError(f"{variant} failed {len(failures[variant]) + 1} times: {row['failed']}")
                 rows[variant].append(row)
                 print(f"{variant:10s} first step {row['first_step_s']:.2f} s  {row['steps_per_s']:.0f} steps/s  "
                       f"wall {row['wall_s']:.1f} s", flush=True)
@@ -71,7 +79,7 @@ def main() -> None:
               for v in variants}
     result = {
         "bench": "script_launch", "steps": args.steps, "repeats": args.repeats, "workers": 2,
-        "median": median, "runs": rows,
+        "median": median, "runs": rows, "failed_runs": failures,
         "ratio_first_step": median["scaletrain"]["first_step_s"] / median["torchrun"]["first_step_s"],
         "ratio_steps_per_s": median["scaletrain"]["steps_per_s"] / median["torchrun"]["steps_per_s"],
     }
