@@ -2,7 +2,7 @@
 Lightning Fabric user writes it. scaletrain hands the loop a ``ctx``; nothing else changes.
 
 Run it from a job file (`scaletrain run examples/digits_loop.yaml`) or in one call from Python
-or a notebook: ``scaletrain.launch(train, workers=2, config={"steps": 300})``.
+or a notebook: ``scaletrain.run_loop(train, workers=2, config={"steps": 300})``.
 """
 
 import torch

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["run", "resume", "launch", "report", "should_stop", "Task", "LoopContext", "JobConfig", "load_job",
+__all__ = ["run", "resume", "run_loop", "report", "should_stop", "Task", "LoopContext", "JobConfig", "load_job",
            "__version__"]
 
 if TYPE_CHECKING:
     from scaletrain.api import resume, run
     from scaletrain.config import JobConfig, load_job
-    from scaletrain.launch_loop import launch
+    from scaletrain.launch_loop import run_loop
     from scaletrain.runners.loop import LoopContext
     from scaletrain.script_hooks import report, should_stop
     from scaletrain.task import Task
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "run": "scaletrain.api",
     "resume": "scaletrain.api",
-    "launch": "scaletrain.launch_loop",
+    "run_loop": "scaletrain.launch_loop",
     "LoopContext": "scaletrain.runners.loop",
     "report": "scaletrain.script_hooks",
     "should_stop": "scaletrain.script_hooks",

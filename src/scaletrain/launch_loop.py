@@ -1,4 +1,4 @@
-"""``scaletrain.launch(train, workers=2, config={...})``: a loop run as a job in one call, from a
+"""``scaletrain.run_loop(train, workers=2, config={...})``: a loop run as a job in one call, from a
 notebook or a script, with no job file and no ``if __name__ == "__main__"`` guard.
 
 The workers are fresh processes (the local engine) or Ray actors; they never re-import the
@@ -20,10 +20,10 @@ from typing import Any
 
 from scaletrain.errors import ConfigError
 
-__all__ = ["launch"]
+__all__ = ["run_loop"]
 
 
-def launch(
+def run_loop(
     loop: Callable[[Any], Any],
     *,
     workers: int = 1,
@@ -42,7 +42,7 @@ def launch(
     from scaletrain.config import load_job
 
     if not callable(loop):
-        raise ConfigError(f"scaletrain.launch runs a function that takes ctx, got {type(loop).__name__}")
+        raise ConfigError(f"scaletrain.run_loop runs a function that takes ctx, got {type(loop).__name__}")
     if isinstance(job, dict):
         settings = dict(job)
     elif job is not None:
@@ -50,7 +50,7 @@ def launch(
     else:
         settings = {}
     if settings.get("task") is not None:
-        raise ConfigError("scaletrain.launch runs a loop; the job given names a task: (use scaletrain.run)")
+        raise ConfigError("scaletrain.run_loop runs a loop; the job given names a task: (use scaletrain.run)")
     settings.pop("task", None)
     target, search_path = _target_of(loop)
     settings["loop"] = {"target": target, "args": dict(config or {})}

@@ -302,7 +302,7 @@ def check_job_code(config: Any, search_path: Sequence[str] = ()) -> None:
                             "relative to the directory the job starts from")
         return
     if config.loop is not None:
-        if not config.loop.target.startswith("__main__:"):  # scaletrain.launch's: handed over by value
+        if not config.loop.target.startswith("__main__:"):  # scaletrain.run_loop's: handed over by value
             check_task_target(config.loop.target, None, search_path, section="loop")
     else:
         check_task_target(config.task.target, config.task.args, search_path)

@@ -1,7 +1,8 @@
-"""A user's own loop (``loop:``, ``scaletrain.launch``) on 2 gloo workers: killed, restarted and
+"""A user's own loop (``loop:``, ``scaletrain.run_loop``) on 2 gloo workers: killed, restarted and
 resumed to the same weights as an uninterrupted run; preempted and resumed; verify-resume."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -77,7 +78,7 @@ def test_verify_resume_passes_for_a_loop(tmp_path):
 
 
 def test_launch_from_a_script_runs_its_main_loop_on_two_workers(tmp_path, reference):
-    """scaletrain.launch from a script, no __main__ guard: the loop (defined in the script) is
+    """scaletrain.run_loop from a script, no __main__ guard: the loop (defined in the script) is
     handed to fresh workers by value; the script's top level runs once."""
     script = tmp_path / "notebook_like.py"
     script.write_text(textwrap.dedent(f"""
@@ -89,11 +90,13 @@ def test_launch_from_a_script_runs_its_main_loop_on_two_workers(tmp_path, refere
         def train(ctx):  # __main__'s own function, wrapping the module one
             train_loop(ctx)
 
-        summary = scaletrain.launch(train, workers=2, config={{"steps": 40}},
+        summary = scaletrain.run_loop(train, workers=2, config={{"steps": 40}},
                                     job={loop_job(tmp_path)!r})
         print("SUMMARY", json.dumps({{"sha": summary["weights_sha256"], "steps": summary["steps"]}}))
     """))
-    result = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=240)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}  # it imports tests.helpers
+    result = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=240,
+                            env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("top level ran") == 1
     outcome = json.loads(result.stdout.split("SUMMARY", 1)[1])

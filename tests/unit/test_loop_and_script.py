@@ -86,7 +86,7 @@ def test_a_loop_handed_over_by_value_loads_only_when_its_hmac_verifies(tmp_path,
     with pytest.raises(ScaletrainError, match=r"refused the loop in .*: its HMAC does not verify"):
         read_loop("train")
     monkeypatch.delenv(LOOP_KEY_ENV)
-    with pytest.raises(ScaletrainError, match=r"runs only through scaletrain.launch\(\.\.\.\) from there"):
+    with pytest.raises(ScaletrainError, match=r"runs only through scaletrain.run_loop\(\.\.\.\) from there"):
         read_loop("train")
 
 

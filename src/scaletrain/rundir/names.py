@@ -38,7 +38,7 @@ NODE_RANK_ENV = "SCALETRAIN_NODE_RANK"  # the launcher's node rank
 DRIVER_STORE_ENV = "SCALETRAIN_DRIVER_STORE"  # HOST:PORT of the driver's store (failures go there)
 TRACKING_TAGS_ENV = "SCALETRAIN_TRACKING_TAGS"  # `tune`: JSON tags for a trial's MLflow run
 EXTRA_TAGS_ENV = "_SCALETRAIN_TRACKING_EXTRA_TAGS"  # the tracking process's tags from its launcher
-# scaletrain.launch(loop) with a loop defined in __main__ (a notebook, a script): the file its
+# scaletrain.run_loop(loop) with a loop defined in __main__ (a notebook, a script): the file its
 # workers load it from, and the HMAC key (a secret, never on disk) that file must verify with
 # `scaletrain launch`: a script's run (scaletrain.report() finds it from its spec file) and the
 # file its report()/should_stop() calls touch, the progress the hang check looks for

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 import threading
 import time
 from collections import deque
@@ -73,7 +74,7 @@ class LoopContext:
     def __init__(self, runtime: WorkerRuntime, config: dict[str, Any]):
         self._runtime = runtime
         job = runtime.job
-        self.config = config  # loop.args (or scaletrain.launch's config)
+        self.config = config  # loop.args (or scaletrain.run_loop's config)
         self.rank, self.world_size, self.local_rank = runtime.env.rank, runtime.env.world_size, runtime.env.local_rank
         self.device: torch.device = runtime.placement.device
         self.is_main = runtime.is_main
@@ -367,9 +368,12 @@ class LoopRunner(Runner):
 
 def resolve_loop(target: str, search_path: list[str] | None) -> Callable[[LoopContext], Any]:
     """The loop function ``target`` names (``module:function``), imported as a Task factory is;
-    ``__main__:name``: the function scaletrain.launch handed over (runners/pickled_loop.py)."""
+    ``__main__:name``: the function scaletrain.run_loop handed over (runners/pickled_loop.py)."""
     module, _, name = target.partition(":")
-    if module == MAIN_MODULE:
+    if module == MAIN_MODULE:  # what it refers to by name is imported from the job's folders
+        for entry in reversed(search_path or []):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
         return read_loop(name)
     function = resolve_task_factory(target, search_path or (), section="loop")
     if not callable(function):

@@ -1,0 +1,129 @@
+"""The script worker and scaletrain.report()/should_stop() in this process (the distributed tests
+run them as subprocesses): a script that succeeds, fails, or hangs; a script's reports."""
+
+import importlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+import scaletrain
+from scaletrain import script_hooks
+from scaletrain.cli.launch import script_job
+from scaletrain.config import parse_job
+from scaletrain.errors import ConfigError
+from scaletrain.launch import script_worker
+from scaletrain.rundir import RunSpec
+
+
+def script_spec(tmp_path, body: str, **recovery) -> Path:
+    script = tmp_path / "train.py"
+    script.write_text(body)
+    job = parse_job({"name": "s", "script": {"path": str(script), "args": ["--lr", "0.1"]},
+                     "recovery": recovery, "tracking": {"enabled": False}, "run_dir": str(tmp_path / "runs")})
+    spec = RunSpec.in_dir(job.model_dump(mode="json"), str(tmp_path / "runs"))
+    spec.logs_dir.mkdir(parents=True, exist_ok=True)
+    return spec.write()
+
+
+@pytest.fixture
+def rank0(monkeypatch):
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+
+
+def records(spec_file, rank=0):
+    spec = RunSpec.read(spec_file)
+    return [json.loads(line) for line in spec.worker_log(rank).read_text().splitlines()]
+
+
+def test_a_script_that_succeeds_leaves_its_output_and_a_result(tmp_path, rank0):
+    spec_file = script_spec(tmp_path, "import sys\nprint('hello', sys.argv[1:])\nprint('to stderr', file=sys.stderr)\n")
+    assert script_worker.main([str(spec_file)]) == 0
+    lines = sorted((r["stream"], r["message"]) for r in records(spec_file) if "stream" in r)  # two pipes: no order
+    assert lines == [("stderr", "to stderr"), ("stdout", "hello ['--lr', '0.1']")]
+    result = json.loads(RunSpec.read(spec_file).worker_result().read_text())
+    assert result["strategy"] == "script" and result["preempted"] is None
+
+
+def test_a_failing_script_leaves_its_exception(tmp_path, rank0):
+    spec_file = script_spec(tmp_path, "raise KeyError('no such column')\n")
+    assert script_worker.main([str(spec_file)]) == 1
+    error = json.loads(RunSpec.read(spec_file).worker_error(0).read_text())
+    assert (error["type"], error["message"], error["exit_code"]) == ("KeyError", "'no such column'", 1)
+
+
+def test_a_silent_idle_script_is_dumped_and_ended(tmp_path, rank0):
+    spec_file = script_spec(tmp_path, "import time\ndef wait():\n    time.sleep(60)\nwait()\n", hang_timeout_s=1)
+    assert script_worker.main([str(spec_file)]) == 1
+    stacks = RunSpec.read(spec_file).worker_stacks(0).read_text()
+    assert "in wait" in stacks
+    assert not RunSpec.read(spec_file).worker_error(0).exists()  # the stacks say it: a hang
+
+
+def test_a_stopped_script_is_preempted(tmp_path, rank0):
+    body = ("import os, signal, time\n"
+            "os.kill(os.getppid(), signal.SIGTERM)\n"  # the launcher's stop reaching its worker
+            "time.sleep(30)\n")
+    spec_file = script_spec(tmp_path, body)
+    previous = signal.getsignal(signal.SIGTERM)
+    assert script_worker.main([str(spec_file)]) == 0
+    assert signal.getsignal(signal.SIGTERM) == previous
+    result = json.loads(RunSpec.read(spec_file).worker_result().read_text())
+    assert result["preempted"] == "SIGTERM"
+
+
+def test_report_and_should_stop_under_launch(tmp_path, monkeypatch, rank0):
+    spec_file = script_spec(tmp_path, "")
+    heartbeat = tmp_path / "beat"
+    monkeypatch.setenv("SCALETRAIN_SPEC", str(spec_file))
+    monkeypatch.setenv("SCALETRAIN_HEARTBEAT", str(heartbeat))
+    monkeypatch.setattr(script_hooks, "_session", None)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        scaletrain.report({"loss": 2.0})
+        scaletrain.report({"loss": 1.0, "eval/accuracy": 0.5})
+        assert heartbeat.exists()
+        assert scaletrain.should_stop() is False  # the first call starts the clock
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert scaletrain.should_stop() is True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        script_hooks._session.reporter.on_end()
+        monkeypatch.setattr(script_hooks, "_session", None)
+    rows = [json.loads(line) for line in (RunSpec.read(spec_file).out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"split": "train", "step": 1, "loss": 2.0}, {"split": "train", "step": 2, "loss": 1.0},
+                    {"split": "eval", "step": 2, "accuracy": 0.5}]
+
+
+def test_script_job_settings(tmp_path):
+    (tmp_path / "t.py").write_text("")
+    os.chdir(tmp_path)
+    settings = script_job("t.py", ["--", "--lr", "1"], None)
+    assert settings == {"name": "t", "script": {"path": "t.py", "args": ["--lr", "1"]}}
+    with pytest.raises(ConfigError, match="script 'missing.py' not found"):
+        script_job("missing.py", [], None)
+
+
+def test_launch_runs_a_module_loop_and_a_main_loop_in_process(tmp_path, monkeypatch):
+    from tests.helpers.loops import loop_job, train_loop
+
+    job = {k: v for k, v in loop_job(tmp_path).items() if k not in ("loop", "scale")}
+    job["recovery"] = {"max_restarts": 0}
+    importlib.import_module("scaletrain.launch")  # loaded in this process already: run_loop is no module name
+    by_name = scaletrain.run_loop(train_loop, workers=1, config={"steps": 12}, job=job)
+    assert by_name["steps"] == 12 and by_name["engine"] == "in-process"
+
+    def train(ctx):
+        train_loop(ctx)
+
+    monkeypatch.setattr(train, "__module__", "__main__")  # as a notebook's own function
+    by_value = scaletrain.run_loop(train, workers=1, config={"steps": 12}, job=job)
+    assert by_value["weights_sha256"] == by_name["weights_sha256"]
+    assert "SCALETRAIN_LOOP_KEY" not in os.environ  # the key was the call's alone
+    importlib.import_module("scaletrain.launch")  # the engines' package must not hide the function
+    assert callable(scaletrain.run_loop) and not isinstance(scaletrain.run_loop, type(sys))
