@@ -101,3 +101,16 @@ def test_launch_from_a_script_runs_its_main_loop_on_two_workers(tmp_path, refere
     assert result.stdout.count("top level ran") == 1
     outcome = json.loads(result.stdout.split("SUMMARY", 1)[1])
     assert outcome == {"sha": reference["weights_sha256"], "steps": 40}
+
+
+def test_a_sharded_loop_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    """ctx.prepare with fsdp: sharded parameters, the optimizer over DTensors, DCP's sharded state,
+    gathered final weights; killed and resumed, the same as uninterrupted."""
+    clean = scaletrain.run(loop_job(tmp_path / "clean", scale={"strategy": "fsdp"}))
+    monkeypatch.setenv(FAULT_ENV, "sigkill:rank=1:step=25")
+    killed = scaletrain.run(loop_job(tmp_path / "killed", scale={"strategy": "fsdp"}))
+    monkeypatch.delenv(FAULT_ENV)
+    assert clean["strategy"] == killed["strategy"] == "fsdp"
+    assert (killed["restarts"], killed["resumed_from_step"]) == (1, 20)
+    assert killed["weights_sha256"] == clean["weights_sha256"] != ""
+    assert Path(clean["weights"]).is_file()
