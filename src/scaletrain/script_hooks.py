@@ -9,8 +9,10 @@ the process) and is a collective from then on: every rank calls it after every s
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from scaletrain.rundir.names import HEARTBEAT_ENV, SCRIPT_SPEC_ENV
@@ -23,12 +25,13 @@ _BEAT_EVERY_S = 0.5
 
 class _Session:
     def __init__(self, spec_file: str):
-        from scaletrain.rundir import METRICS_FILE, TRACKING_DIR, RunSpec
-        from scaletrain.tracking.journal_sink import JournalReporter
-        from scaletrain.tracking.reporter import MetricsFile, Reporters
+        from scaletrain.config.schema import JobConfig
+        from scaletrain.rundir import RunSpec
+        from scaletrain.tracking.logs import LOGGER_NAME, LogContext
+        from scaletrain.tracking.worker_sinks import worker_reporter
 
         spec = RunSpec.read(spec_file)
-        job = spec.job
+        job = JobConfig.model_validate(spec.job)
         self.rank = int(os.environ.get("RANK", "0"))
         self.heartbeat = os.environ.get(HEARTBEAT_ENV)
         self.beat_at = 0.0
@@ -36,22 +39,19 @@ class _Session:
         self.ended = 0  # should_stop() calls: the step its agreement is about
         self.stop: Any = None
         self.control: Any = None
-        sinks: list[Any] = []
-        if self.rank == 0:
-            sinks.append(MetricsFile(os.path.join(spec.out_dir, METRICS_FILE), every=1))
-            tracking = job.get("tracking", {})
-            if tracking.get("enabled", True):
-                sinks.append(JournalReporter(os.path.join(spec.out_dir, TRACKING_DIR),
-                                             every=tracking.get("log_every_steps") or 1))
-        self.reporter = Reporters(*sinks)
-        self.reporter.on_start(total_steps=job.get("train", {}).get("max_steps"), start_step=0)
+        # The workers' reporter: rank 0's metrics.jsonl and the MLflow journal. Its log records
+        # stay out of the script's own logging (its output is already this rank's log).
+        logging.getLogger(f"{LOGGER_NAME}.metrics").propagate = False
+        context = LogContext(spec.run_id, spec.trace_id, self.rank)
+        self.reporter = worker_reporter(spec, job, context, is_main=self.rank == 0)
+        self.reporter.on_start(total_steps=job.train.max_steps, start_step=0)
 
     def beat(self) -> None:
         now = time.monotonic()
         if self.heartbeat and now - self.beat_at >= _BEAT_EVERY_S:
             self.beat_at = now
             try:
-                os.utime(self.heartbeat) if os.path.exists(self.heartbeat) else open(self.heartbeat, "a").close()
+                Path(self.heartbeat).touch()
             except OSError:
                 pass
 
@@ -73,20 +73,15 @@ def report(metrics: dict[str, Any], step: int | None = None) -> None:
     session = _current()
     if session is None:
         return
-    from scaletrain.tracking.reporter import StepReport
+    from scaletrain.tracking.reporter import StepReport, split_metrics
 
     step = session.reported + 1 if step is None else int(step)
     session.reported = max(session.reported, step)
     session.beat()
+    session.reporter.on_step(step)
     if session.rank != 0:
         return
-    train, evaluation = {}, {}
-    for key, value in metrics.items():
-        number = float(value.item() if hasattr(value, "item") else value)
-        if str(key).startswith("eval/"):
-            evaluation[str(key)[5:]] = number
-        else:
-            train[str(key).removeprefix("train/")] = number
+    train, evaluation = split_metrics(metrics)
     if train:
         session.reporter.on_train_metrics([StepReport(step, train, time.time())])
     if evaluation:

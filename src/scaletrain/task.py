@@ -39,6 +39,7 @@ __all__ = [
     "TaskProtocol",
     "check_task_target",
     "check_job_code",
+    "add_to_sys_path",
     "resolve_task_factory",
     "build_task",
     "split_loss_output",
@@ -80,12 +81,17 @@ class Task:
         return default_collate(samples)
 
 
-def resolve_task_factory(target: str, search_path: Sequence[str] = (), section: str = "task") -> Callable[..., Any]:
-    """Import ``package.module:attr``. Raises TaskError naming what did not resolve (in the
-    job file's ``section``: task or loop)."""
+def add_to_sys_path(search_path: Sequence[str]) -> None:
+    """Where a job's code is imported from (its folders, first one first), ahead of the rest."""
     for entry in reversed(search_path):
         if entry not in sys.path:
             sys.path.insert(0, entry)
+
+
+def resolve_task_factory(target: str, search_path: Sequence[str] = (), section: str = "task") -> Callable[..., Any]:
+    """Import ``package.module:attr``. Raises TaskError naming what did not resolve (in the
+    job file's ``section``: task or loop)."""
+    add_to_sys_path(search_path)
     module_name, _, attr_path = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -131,9 +137,7 @@ def check_task_target(target: str, args: Mapping[str, Any] | None, search_path: 
     import ast
     import importlib.util
 
-    for entry in reversed(search_path):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
+    add_to_sys_path(search_path)
     module_name, _, attr_path = target.partition(":")
     try:
         spec = importlib.util.find_spec(module_name)

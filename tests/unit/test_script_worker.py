@@ -64,16 +64,17 @@ def test_a_silent_idle_script_is_dumped_and_ended(tmp_path, rank0):
     assert not RunSpec.read(spec_file).worker_error(0).exists()  # the stacks say it: a hang
 
 
-def test_a_stopped_script_is_preempted(tmp_path, rank0):
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGUSR1"])
+def test_a_stopped_script_is_preempted(tmp_path, rank0, stop):
     body = ("import os, signal, time\n"
-            "os.kill(os.getppid(), signal.SIGTERM)\n"  # the launcher's stop reaching its worker
+            f"os.kill(os.getppid(), signal.{stop})\n"  # the launcher's stop reaching its worker
             "time.sleep(30)\n")
     spec_file = script_spec(tmp_path, body)
-    previous = signal.getsignal(signal.SIGTERM)
-    assert script_worker.main([str(spec_file)]) == 0
-    assert signal.getsignal(signal.SIGTERM) == previous
+    previous = signal.getsignal(getattr(signal, stop))
+    assert script_worker.main([str(spec_file)]) == 0  # passed on: the script ended on it
+    assert signal.getsignal(getattr(signal, stop)) == previous
     result = json.loads(RunSpec.read(spec_file).worker_result().read_text())
-    assert result["preempted"] == "SIGTERM"
+    assert result["preempted"] == stop
 
 
 def test_report_and_should_stop_under_launch(tmp_path, monkeypatch, rank0):

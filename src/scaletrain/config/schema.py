@@ -576,11 +576,7 @@ class JobConfig(Section):
                 "training loop, `module:function`) or script: (a torchrun script)"
                 + (f" ({' and '.join(given)} are set)" if given else "")
             )
-        if self.task is not None:
-            missing = [name for name in ("data", "optim") if getattr(self, name) is None]
-            if missing:
-                raise ValueError(f"a task job needs the section(s) {', '.join(missing)}; add "
-                                 + " and ".join(f"{name}:" for name in missing) + " to the job file")
+        if self.task is not None:  # its data: and optim: are there (_absent_sections)
             if self.train.max_steps is None and self.train.epochs is None:
                 raise ValueError("set exactly one of train.max_steps or train.epochs")
             return self

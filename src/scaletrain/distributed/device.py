@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from scaletrain.distributed.env import DistEnv
 from scaletrain.errors import ConfigError
@@ -23,6 +25,7 @@ __all__ = [
     "set_determinism",
     "seed_rng",
     "autocast",
+    "to_device",
 ]
 
 
@@ -148,3 +151,11 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Every tensor of a batch (any nesting of lists, tuples, dicts) on ``device``; on the CPU,
+    the batch as it is. Non-blocking: from pinned memory the copy overlaps the step."""
+    if device.type == "cpu":
+        return batch
+    return tree_map(lambda x: x.to(device, non_blocking=True) if isinstance(x, torch.Tensor) else x, batch)

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from scaletrain.checkpoint.location import accumulation_for, global_batch
 from scaletrain.checkpoint.manager import CheckpointManager
@@ -19,7 +18,7 @@ from scaletrain.config.schema import JobConfig
 from scaletrain.data.loader import eval_loader, train_loader
 from scaletrain.data.sampler import DataLayout, derive_seed
 from scaletrain.distributed import collectives
-from scaletrain.distributed.device import Placement, autocast, seed_rng
+from scaletrain.distributed.device import Placement, autocast, seed_rng, to_device
 from scaletrain.distributed.env import DistEnv
 from scaletrain.engine.checkpointing import Checkpointer
 from scaletrain.engine.control import Control, Decision
@@ -347,12 +346,7 @@ class Trainer:
         return last.metrics
 
     def _to_device(self, batch: Any) -> Any:
-        if self.device.type == "cpu":
-            return batch
-        return tree_map(
-            lambda x: x.to(self.device, non_blocking=True) if isinstance(x, torch.Tensor) else x,
-            batch,
-        )
+        return to_device(batch, self.device)
 
 
 def _accumulation(job: JobConfig, env: DistEnv) -> int:

@@ -33,6 +33,7 @@ __all__ = ["LocalLauncher", "launch_config"]
 
 log = logging.getLogger(__name__)
 _restart_log = logging.getLogger("scaletrain_launcher.restart")  # launcher.jsonl
+WORKER, SCRIPT_WORKER = "scaletrain.launch.worker", "scaletrain.launch.script_worker"  # what each worker runs
 _DIED_SILENTLY = "the process ended without an error (killed: SIGKILL, or out of memory)"
 
 # torch's own loggers for the agent and multiprocessing: their lines go to the launcher log.
@@ -44,7 +45,7 @@ class LocalLauncher(Launcher):
 
     def __init__(self, max_restarts: int = 0, grace_period_s: float = 60.0,
                  rendezvous: Rendezvous | None = None, job_workers: int | None = None,
-                 worker_module: str = "scaletrain.launch.worker"):
+                 worker_module: str = WORKER):
         self.max_restarts = max_restarts
         # What each worker process runs: the worker runtime, or for a script the script
         # worker that runs it as its child (launch/script_worker.py).
@@ -55,7 +56,7 @@ class LocalLauncher(Launcher):
 
     @classmethod
     def from_job(cls, job: JobConfig, rendezvous: Rendezvous | None = None) -> LocalLauncher:
-        module = "scaletrain.launch.script_worker" if job.script is not None else "scaletrain.launch.worker"
+        module = SCRIPT_WORKER if job.script is not None else WORKER
         return cls(job.recovery.max_restarts, job.recovery.grace_period_s, rendezvous,
                    job_workers=job.scale.workers, worker_module=module)
 
@@ -67,7 +68,7 @@ class LocalLauncher(Launcher):
 
         rendezvous = self.rendezvous or Rendezvous.single_node(spec.run_id).open()
         register_rendezvous()
-        script_store = self.worker_module.endswith("script_worker") and rendezvous.max_nodes == 1
+        script_store = self.worker_module == SCRIPT_WORKER and rendezvous.max_nodes == 1
         logs = _attempt_logs(spec, host_store_for_workers=script_store)
         config, config_env = launch_config(
             LaunchConfig,

@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import sys
 import threading
 import time
 from collections import deque
@@ -41,11 +40,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
 from scaletrain.checkpoint.manager import CheckpointManager
 from scaletrain.checkpoint.state import LoopObjects
-from scaletrain.data.sampler import derive_seed, shard_indices
+from scaletrain.data.loader import eval_loader
+from scaletrain.data.sampler import derive_seed
 from scaletrain.engine.metrics import step_time_summary
 from scaletrain.engine.weights import save_state_weights, save_weights, state_dict_sha256
 from scaletrain.errors import ScaletrainError
@@ -58,8 +58,9 @@ from scaletrain.strategies import get_strategy
 from scaletrain.strategies.activation_checkpoint import checkpoint_blocks
 from scaletrain.strategies.base import Strategy
 from scaletrain.strategies.blocks import find_blocks
-from scaletrain.task import resolve_task_factory
+from scaletrain.task import add_to_sys_path, resolve_task_factory
 from scaletrain.tracking.logs import LOGGER_NAME
+from scaletrain.tracking.reporter import StepReport, split_metrics
 
 __all__ = ["LoopRunner", "LoopContext"]
 
@@ -94,7 +95,7 @@ class LoopContext:
         self._checkpoints: CheckpointManager | None = None
         self._checkpoints_made = False
         self._metrics: dict[str, float] = {}
-        self._started_at: float | None = None
+        self._started = False  # the reporter told the total and the step it starts from
         self._last_step_at: float | None = None
         self.first_step_at: float | None = None
         self.step_times: deque[float] = deque(maxlen=_STEP_TIMES_KEPT)
@@ -146,29 +147,16 @@ class LoopContext:
             loader.position = self._restored_positions[len(self._loaders)]
         self._loaders.append(loader)
         if self.is_main and self._card is None:  # the run card, with this data's fingerprint, beside training
-            self._card = threading.Thread(target=self._write_card, args=(dataset,), daemon=True,
+            self._card = threading.Thread(target=self._runtime.write_run_card, args=(dataset,), daemon=True,
                                           name="scaletrain-card")
             self._card.start()
         return loader
 
-    def _write_card(self, dataset: Any) -> None:
-        from scaletrain.tracking.redact import Redactor
-        from scaletrain.tracking.run_card import build_run_card, data_fingerprint, write_run_card
-
-        spec = self._runtime.spec
-        try:
-            fingerprint = data_fingerprint(None, dataset) if dataset is not None else "the loop reads its own data"
-            card = build_run_card(spec.job, fingerprint, self.world_size)
-            write_run_card(spec.out_dir, card, Redactor.for_config(spec.job))
-        except Exception:
-            log.warning("could not write the run card", exc_info=True)
-
     def eval_loader(self, dataset: Dataset, batch_size: int,
                     collate_fn: Callable[[list[Any]], Any] | None = None) -> DataLoader:
         """This rank's share of an evaluation set: every sample exactly once over all ranks."""
-        shard = Subset(dataset, shard_indices(len(dataset), self.rank, self.world_size))  # type: ignore[arg-type]  # map-style datasets have a length
-        return DataLoader(shard, batch_size=batch_size, shuffle=False, collate_fn=collate_fn,
-                          pin_memory=self.device.type == "cuda")
+        return eval_loader(dataset, batch_size=batch_size, rank=self.rank, world_size=self.world_size,
+                           loader_workers=0, collate=collate_fn, pin_memory=self.device.type == "cuda")
 
     # ------------------------------------------------------------------ during training
 
@@ -177,22 +165,12 @@ class LoopContext:
         run (as train/<name>; names starting eval/ as they are), metrics.jsonl, the JSON logs and
         the progress bar. Tensors are read with .item(); every rank may call it."""
         step = self.step + 1 if step is None else int(step)
-        train: dict[str, float] = {}
-        evaluation: dict[str, float] = {}
-        for key, value in metrics.items():
-            number = float(value.item() if isinstance(value, torch.Tensor) else value)
-            name = str(key)
-            if name.startswith("eval/"):
-                evaluation[name.removeprefix("eval/")] = number
-            else:
-                train[name.removeprefix("train/")] = number
-        if self._started_at is None:
+        train, evaluation = split_metrics(metrics)
+        if not self._started:
             self._start()
         reporter = self._runtime.reporter
         reporter.on_step(step)
         if self.is_main:
-            from scaletrain.tracking.reporter import StepReport
-
             if train:
                 reporter.on_train_metrics([StepReport(step, train, time.time())])
             if evaluation:
@@ -208,7 +186,7 @@ class LoopContext:
         writes the job's periodic checkpoints (checkpoint.every_steps / every_minutes). A
         collective at the steps the ranks agree on; cheap otherwise."""
         now = time.perf_counter()
-        if self._started_at is None:
+        if not self._started:
             self._start()
         self.step = self.step + 1 if step is None else int(step)
         if self._last_step_at is not None:
@@ -278,7 +256,7 @@ class LoopContext:
     # ------------------------------------------------------------------ helpers
 
     def _start(self) -> None:
-        self._started_at = time.perf_counter()
+        self._started = True
         self._runtime.start(self.max_steps, self.step)
 
     def _progress(self) -> None:
@@ -314,7 +292,7 @@ class LoopContext:
             checkpoints.close()
         if self.is_main:
             if self._card is None:  # no ctx.loader: the card without a data fingerprint
-                self._write_card(None)
+                self._runtime.write_run_card(None)
             else:
                 self._card.join()
         sha = ""
@@ -371,11 +349,6 @@ def resolve_loop(target: str, search_path: list[str] | None) -> Callable[[LoopCo
     ``__main__:name``: the function scaletrain.run_loop handed over (runners/pickled_loop.py)."""
     module, _, name = target.partition(":")
     if module == MAIN_MODULE:  # what it refers to by name is imported from the job's folders
-        for entry in reversed(search_path or []):
-            if entry not in sys.path:
-                sys.path.insert(0, entry)
+        add_to_sys_path(search_path or ())
         return read_loop(name)
-    function = resolve_task_factory(target, search_path or (), section="loop")
-    if not callable(function):
-        raise ScaletrainError(f"loop target {target!r} is not a function; name one that takes ctx")
-    return function
+    return resolve_task_factory(target, search_path or (), section="loop")

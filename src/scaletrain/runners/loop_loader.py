@@ -14,12 +14,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset
 
 from scaletrain.data.loader import train_loader
 from scaletrain.data.sampler import DataLayout, derive_seed
-from scaletrain.distributed.device import seed_rng
+from scaletrain.distributed.device import seed_rng, to_device
 
 __all__ = ["LoopLoader"]
 
@@ -74,10 +73,4 @@ class LoopLoader:
             self.position += 1
             if self.on_batch is not None:
                 self.on_batch()
-            yield _to_device(batch, self.device)
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if device.type == "cpu":
-        return batch
-    return tree_map(lambda x: x.to(device, non_blocking=True) if isinstance(x, torch.Tensor) else x, batch)
+            yield to_device(batch, self.device)

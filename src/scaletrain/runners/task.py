@@ -23,8 +23,6 @@ from scaletrain.runners.runtime import WorkerRuntime
 from scaletrain.task import build_task
 from scaletrain.tracking.logs import LOGGER_NAME
 from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR, example_input, save_mlflow_model
-from scaletrain.tracking.redact import Redactor
-from scaletrain.tracking.run_card import build_run_card, data_fingerprint, write_run_card
 
 __all__ = ["TaskRunner"]
 
@@ -61,7 +59,7 @@ class TaskRunner(Runner):
         card_writer = None
         if env.is_main:  # off the critical path: the card is written while training starts
             card_writer = threading.Thread(
-                target=_write_card, args=(spec, task, trainer.train_set, env.world_size), daemon=True,
+                target=runtime.write_run_card, args=(trainer.train_set, task), daemon=True,
                 name="scaletrain-card",
             )
             card_writer.start()
@@ -107,10 +105,3 @@ def _export(spec: RunSpec, task: Any, trainer: Trainer, result: TrainResult) -> 
         example = example_input(task, trainer.train_set, trainer.collate or default_collate)
         save_mlflow_model(model, os.path.join(spec.out_dir, MLFLOW_MODEL_DIR), example)
 
-
-def _write_card(spec: RunSpec, task: Any, dataset: Any, world_size: int) -> None:
-    try:
-        card = build_run_card(spec.job, data_fingerprint(task, dataset), world_size)
-        write_run_card(spec.out_dir, card, Redactor.for_config(spec.job))
-    except Exception:
-        log.warning("could not write the run card", exc_info=True)

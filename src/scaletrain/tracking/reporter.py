@@ -11,9 +11,9 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
-__all__ = ["Reporter", "StepReport", "NullReporter", "Reporters", "MetricsFile", "LogReporter"]
+__all__ = ["Reporter", "StepReport", "NullReporter", "Reporters", "MetricsFile", "LogReporter", "split_metrics"]
 
 
 @dataclass(frozen=True)
@@ -172,3 +172,17 @@ def _last_rows(path: Path) -> dict[str, int]:
         except (ValueError, KeyError, TypeError):
             continue
     return last
+
+
+def split_metrics(metrics: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """A user's report as (train, eval) values: names starting ``eval/`` are evaluation metrics,
+    the rest training ones (a ``train/`` prefix dropped); tensors read with ``.item()``."""
+    train: dict[str, float] = {}
+    evaluation: dict[str, float] = {}
+    for key, value in metrics.items():
+        name, number = str(key), float(value.item() if hasattr(value, "item") else value)
+        if name.startswith("eval/"):
+            evaluation[name.removeprefix("eval/")] = number
+        else:
+            train[name.removeprefix("train/")] = number
+    return train, evaluation

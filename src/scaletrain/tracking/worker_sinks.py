@@ -38,8 +38,8 @@ def worker_reporter(spec: RunSpec, job: JobConfig, context: LogContext, is_main:
         return Reporters(*sinks)
     if console is not None:
         sinks.append(console)
-    # A loop reports when it chooses: all of it is kept (the console keeps its cadence).
-    kept_every = 1 if job.loop is not None else job.train.log_every
+    # A loop or a script reports when it chooses: all of it is kept (the console keeps its cadence).
+    kept_every = 1 if job.task is None else job.train.log_every
     sinks += [
         MetricsFile(os.path.join(spec.out_dir, METRICS_FILE), every=kept_every),
         LogReporter(logging.getLogger(f"{LOGGER_NAME}.metrics"), every=job.train.log_every),
