@@ -56,7 +56,13 @@ def test_a_script_job_runs_on_the_local_engine(tmp_path):
     script = {"name": "s", "script": {"path": "train.py", "args": ["--lr", "0.1"]}, "scale": {"engine": "ray"}}
     assert problems(script) == ["a script runs on the local engine (one launcher per machine, scale.nodes "
                                 "for several): set scale.engine local"]
-    assert parse_job({**script, "scale": {"workers": 2}}).kind == "script"
+    job = parse_job({**script, "scale": {"workers": 2}})
+    assert job.kind == "script"
+    # What a node joining a job on several machines compares: a script job has one too.
+    from scaletrain.checkpoint.location import config_hash
+
+    other = parse_job({**script, "scale": {"workers": 2}, "script": {"path": "train.py", "args": ["--lr", "0.2"]}})
+    assert config_hash(job) != config_hash(other) and config_hash(job) == config_hash(parse_job(job.model_dump()))
 
 
 def test_a_loops_plain_values_travel_as_json_and_the_rest_through_dcp():

@@ -101,9 +101,9 @@ def test_report_and_should_stop_under_launch(tmp_path, monkeypatch, rank0):
                     {"split": "eval", "step": 2, "accuracy": 0.5}]
 
 
-def test_script_job_settings(tmp_path):
+def test_script_job_settings(tmp_path, monkeypatch):
     (tmp_path / "t.py").write_text("")
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)
     settings = script_job("t.py", ["--", "--lr", "1"], None)
     assert settings == {"name": "t", "script": {"path": "t.py", "args": ["--lr", "1"]}}
     with pytest.raises(ConfigError, match="script 'missing.py' not found"):

@@ -40,8 +40,8 @@ def config_hash(job: JobConfig) -> str:
     """What decides the numbers of training: task, optimizer, schedule length, seed, global batch.
     Not how many workers share it, where files go or how often anything is logged."""
     data = job.model_dump(mode="json")
-    if job.loop is not None:  # the loop decides the rest
-        return _digest({"loop": data["loop"], "max_steps": data["train"]["max_steps"], "seed": data["seed"]})
+    if job.task is None:  # a loop or a script: it decides the rest
+        return _digest({job.kind: data[job.kind], "max_steps": data["train"]["max_steps"], "seed": data["seed"]})
     # grad_accum is how the global batch is split, like the number of workers: not in the hash.
     train = {k: v for k, v in data["train"].items() if k not in ("log_every", "eval_every", "grad_accum")}
     relevant: dict[str, Any] = {
