@@ -153,7 +153,7 @@ def test_nothing_of_a_failed_in_process_attempt_writes_after_it_returns(tmp_path
     resumed next gets written in its old place (seen on CI)."""
     import threading
 
-    from scaletrain.runners import task as worker  # the Task runner writes the card
+    from scaletrain.tracking import run_card as worker  # the runner's card, built here
 
     build = worker.build_run_card
 
