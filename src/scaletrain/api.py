@@ -232,7 +232,7 @@ def preflight(
     spec = RunSpec.in_dir(config.model_dump(mode="json"), config.run_dir, python_path=search_path)
     _resolve_checkpoints(config, spec)
     size, size_check = None, []
-    if config.task is not None and config.checkpoint.enabled and spec.checkpoints and "://" not in spec.checkpoints:
+    if config.kind == "task" and config.checkpoint.enabled and spec.checkpoints and "://" not in spec.checkpoints:
         started = time.perf_counter()
         try:
             size = state_bytes_of_task(config, search_path)

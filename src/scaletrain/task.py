@@ -305,8 +305,21 @@ def check_job_code(config: Any, search_path: Sequence[str] = ()) -> None:
             raise TaskError(f"script.path '{config.script.path}': no such file; give the script's path "
                             "relative to the directory the job starts from")
         return
+    if config.kind == "tensorflow" and not _tensorflow_installed():
+        raise TaskError("task.framework is tensorflow, but TensorFlow is not installed here; "
+                        "pip install 'scaletrain[tensorflow]'")
     if config.loop is not None:
         if not config.loop.target.startswith("__main__:"):  # scaletrain.run_loop's: handed over by value
             check_task_target(config.loop.target, None, search_path, section="loop")
     else:
         check_task_target(config.task.target, config.task.args, search_path)
+
+
+def _tensorflow_installed() -> bool:
+    """Whether TensorFlow can be imported, without importing it (seconds, and GBs of memory)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):  # ValueError: a stand-in module without a spec
+        return False

@@ -71,7 +71,8 @@ def describe_checkpoints(path: str, verify: bool) -> list[dict[str, Any]]:
             try:
                 local = storage.local_copy(name, manifest, Path(cache))
                 manifest.check_dir(local)
-                read_metadata(file_path(local, METADATA_FILE).read_bytes(), manifest.files)
+                if METADATA_FILE in manifest.files:  # DCP's index (a TF checkpoint's is TF's to read)
+                    read_metadata(file_path(local, METADATA_FILE).read_bytes(), manifest.files)
             except CheckpointRefused as exc:
                 rows.append({**row, "status": "refused", "why": str(exc)})
             except (ManifestError, OSError) as exc:

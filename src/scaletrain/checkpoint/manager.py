@@ -1,7 +1,8 @@
-"""Save and restore training state through torch.distributed.checkpoint (DCP).
+"""Save and restore training state: through torch.distributed.checkpoint (DCP), or TF's own
+checkpoint for a TensorFlow job (the TrainingState writes its files: checkpoint/state.py).
 
-A checkpoint holds the training state (the model and optimizer, or a loop's objects:
-checkpoint/state.py; DCP: each rank writes its shards, so one written by N workers loads on M), plus ``trainer.json`` (step, epoch, samples, LR schedule, run ids, config
+A checkpoint holds the training state (the model and optimizer, or a loop's objects; DCP: each
+rank writes its shards, so one written by N workers loads on M), plus ``trainer.json`` (step, epoch, samples, LR schedule, run ids, config
 hash). Every rank hashes the files it wrote; rank 0 writes the manifest last (storage.py). Loading
 verifies every hash before DCP reads a byte, and falls back to the previous checkpoint with one
 warning when the newest is damaged; a checkpoint that holds what scaletrain never writes (or
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import re
 import shutil
 import threading
 import time
@@ -30,7 +30,6 @@ import torch
 
 from scaletrain.checkpoint.manifest import (
     KEY_ENV,
-    METADATA_FILE,
     TRAINER_STATE_FILE,
     CheckpointRefused,
     FileEntry,
@@ -40,7 +39,7 @@ from scaletrain.checkpoint.manifest import (
     hash_files,
 )
 from scaletrain.checkpoint.retention import RetentionPolicy, to_delete
-from scaletrain.checkpoint.state import TrainingState
+from scaletrain.checkpoint.state import DcpState, TrainingState, Written
 from scaletrain.checkpoint.storage import (
     CheckpointStorage,
     checkpoint_name,
@@ -147,22 +146,21 @@ class CheckpointManager:
                 error = exc
         if not self._all_ready(name, error):  # the barrier before DCP writes
             return
-        from scaletrain.checkpoint import dcp_io
-
-        state = training_state.dcp_state()
-        if not self.async_save:
+        if not (self.async_save and training_state.supports_async):
             try:
-                written = dcp_io.save(state, str(staging), self.group)
+                written = training_state.write(staging, self.group)
                 self._crash_point(step)
-                entries: dict[str, FileEntry] | str = self._own_files_hashed(staging, written)
+                entries: dict[str, FileEntry] | str = self._own_files_hashed(
+                    staging, training_state.own_files(staging, self.rank), written)
                 self.storage.publish(name, staging, list(entries))
             except Exception as exc:
                 entries = _failure(exc)
             self._commit(name, step, staging, metrics, entries)
             return
+        assert isinstance(training_state, DcpState)  # noqa: S101  the only format staged in memory
         pending = _Pending(name, step, staging, metrics, threading.Event())
         try:
-            staged = self._stage(state)
+            staged = self._stage(training_state.dcp_state())
         except Exception as exc:  # agreed on, with the other ranks, at the commit
             pending.error = exc
             pending.done.set()
@@ -227,7 +225,8 @@ class CheckpointManager:
         try:
             written = dcp_io.save(staged, str(pending.staging), self.group)
             self._crash_point(pending.step)
-            pending.entries = self._own_files_hashed(pending.staging, written)
+            pending.entries = self._own_files_hashed(
+                pending.staging, DcpState().own_files(pending.staging, self.rank), written)
             self.storage.publish(pending.name, pending.staging, list(pending.entries))
         except BaseException as exc:  # reported by the main thread at the commit
             pending.error = exc
@@ -252,14 +251,12 @@ class CheckpointManager:
         entries = _failure(pending.error) if pending.error is not None else pending.entries or {}
         self._commit(pending.name, pending.step, pending.staging, pending.metrics, entries)
 
-    def _own_files_hashed(self, staging: Path, written: dict[str, tuple[int, str]]) -> dict[str, FileEntry]:
-        """The files this rank wrote (DCP names them ``__<rank>_<n>.distcp``), with the hashes
-        taken while DCP wrote them; a file whose size on disk differs from what went through
-        the hash (or that DCP did not write through it) is hashed from disk."""
-        own = re.compile(rf"^__{self.rank}_\d+\.distcp$")
-        names = [p.name for p in staging.iterdir() if own.match(p.name)]
+    def _own_files_hashed(self, staging: Path, names: list[str], written: Written) -> dict[str, FileEntry]:
+        """The files this rank wrote (rank 0: also trainer.json), with the hashes taken while
+        they were written; a file whose size on disk differs from what went through the hash
+        (or that was not written through it) is hashed from disk."""
         if self.rank == 0:
-            names += [METADATA_FILE, TRAINER_STATE_FILE]
+            names = [*names, TRAINER_STATE_FILE]
         entries: dict[str, FileEntry] = {}
         for name in sorted(names):
             size, digest = written.get(name, (-1, ""))
@@ -376,17 +373,15 @@ class CheckpointManager:
         verifies it against that manifest into its machine's cache (no machine reads another's
         disk); then every rank loads its part through DCP.
         """
-        choice = self._pick_verified() if self.rank == 0 else None
+        choice = self._pick_verified(training_state) if self.rank == 0 else None
         choice = collectives.broadcast_object(choice, 0, self.group)
         if choice is None:
             return None
         if choice.error:
             raise CheckpointError(choice.error)
         local_dir = self._on_this_machine(choice)
-        from scaletrain.checkpoint import dcp_io
-
         try:
-            dcp_io.load(training_state, local_dir, choice.manifest.files, self.group)
+            training_state.read(Path(local_dir), choice.manifest.files, self.group)
         except CheckpointRefused as exc:  # changed since rank 0 verified it
             raise CheckpointError(f"checkpoint {self.storage.describe(choice.name)} refused: {exc}") from None
         trainer_state = json.loads(file_path(local_dir, TRAINER_STATE_FILE).read_text(encoding="utf-8"))
@@ -411,7 +406,7 @@ class CheckpointManager:
             raise CheckpointError(next(e for e in errors if e))
         return str(cache / choice.name)
 
-    def _pick_verified(self) -> _Choice | None:
+    def _pick_verified(self, training_state: TrainingState) -> _Choice | None:
         """Rank 0: the newest checkpoint whose files match its manifest, falling back past a
         damaged one with a warning; a refused one (tampered, or failing the HMAC) stops it."""
         for name in reversed(self.storage.names()):
@@ -425,7 +420,7 @@ class CheckpointManager:
             try:
                 local = self.storage.local_copy(name, manifest, self.scratch_dir / CHECKPOINT_CACHE_DIR)
                 manifest.check_dir(local)
-                _check_index(local, manifest)
+                training_state.check_index(Path(local), manifest)
             except CheckpointRefused as exc:
                 return _Choice(name, error=f"checkpoint {where} refused: {exc}")
             except (ManifestError, OSError) as exc:
@@ -445,13 +440,6 @@ class CheckpointManager:
 
 def _value(item: Any) -> Any:
     return item() if callable(item) else item
-
-
-def _check_index(local: Path, manifest: Manifest) -> None:
-    """DCP's index read as data (what dcp_io's reader does again on every rank)."""
-    from scaletrain.checkpoint.dcp_metadata import read_metadata
-
-    read_metadata(file_path(local, METADATA_FILE).read_bytes(), manifest.files)
 
 
 def _failure(exc: BaseException) -> str:

@@ -1,32 +1,87 @@
-"""What a checkpoint holds, as DCP sees it: the Task runner's model and optimizer, or the objects
-a user's loop hands to ``ctx.save`` (modules, optimizers, anything with ``state_dict()``,
-tensors, plain values).
+"""What a checkpoint holds, and the format that writes it: the Task runner's model and optimizer,
+or the objects a user's loop hands to ``ctx.save`` (modules, optimizers, anything with
+``state_dict()``, tensors, plain values), through DCP; a TensorFlow model through TF's own
+checkpoint (runners/keras/checkpoint.py).
 
-Both give DCP a state dict to write or to fill, and take the filled one back after a load, so
-the CheckpointManager's saving, verifying, retention and storage are the same for both. The DCP
-calls stay in dcp_io.py, imported only when a checkpoint is written or read.
+A TrainingState writes this rank's files into a staging folder and names them, and reads them
+back, so the CheckpointManager's staging, hashing, manifest, atomic commit, verification,
+retention and storage are the same for every kind of job. The DCP calls stay in dcp_io.py,
+imported only when a checkpoint is written or read.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-__all__ = ["TrainingState", "ModelAndOptimizer", "LoopObjects", "plain_values"]
+from scaletrain.checkpoint.manifest import METADATA_FILE, FileEntry, Manifest, file_path
+
+__all__ = ["TrainingState", "DcpState", "ModelAndOptimizer", "LoopObjects", "plain_values", "Written"]
+
+# A file this rank wrote -> (size, sha256) hashed while it was written; a file missing here is
+# hashed from disk.
+Written = dict[str, tuple[int, str]]
 
 
 class TrainingState(Protocol):
+    """What the CheckpointManager saves and restores, in whatever format it is kept."""
+
+    supports_async: bool  # can be staged in memory and written by a background thread
+
+    def write(self, staging: Path, group: Any) -> Written:
+        """Write this rank's part into ``staging`` (every rank calls it: a collective)."""
+
+    def own_files(self, staging: Path, rank: int) -> list[str]:
+        """The names of the files in ``staging`` this rank wrote (rank 0: also the index)."""
+
+    def check_index(self, local: Path, manifest: Manifest) -> None:
+        """Rank 0, before a load: the format's index read as data, checked against the manifest."""
+
+    def read(self, local: Path, files: dict[str, FileEntry], group: Any) -> None:
+        """Load the verified checkpoint in ``local`` into the live objects (every rank)."""
+
+
+class DcpState:
+    """A state kept through DCP: each rank writes its shards (``__<rank>_<n>.distcp``), rank 0
+    the index; one written by N workers loads on M."""
+
+    supports_async = True
+
     def dcp_state(self) -> dict[str, Any]:
         """The state DCP writes, or fills in place on a load (the same keys)."""
+        raise NotImplementedError
 
     def load_dcp_state(self, state: dict[str, Any]) -> None:
         """Put a loaded state back into the live objects."""
+        raise NotImplementedError
+
+    def write(self, staging: Path, group: Any) -> Written:
+        from scaletrain.checkpoint import dcp_io
+
+        return dcp_io.save(self.dcp_state(), str(staging), group)
+
+    def own_files(self, staging: Path, rank: int) -> list[str]:
+        own = re.compile(rf"^__{rank}_\d+\.distcp$")
+        names = [p.name for p in staging.iterdir() if own.match(p.name)]
+        return names + [METADATA_FILE] if rank == 0 else names
+
+    def check_index(self, local: Path, manifest: Manifest) -> None:
+        from scaletrain.checkpoint.dcp_metadata import read_metadata
+
+        read_metadata(file_path(local, METADATA_FILE).read_bytes(), manifest.files)
+
+    def read(self, local: Path, files: dict[str, FileEntry], group: Any) -> None:
+        from scaletrain.checkpoint import dcp_io
+
+        dcp_io.load(self, str(local), files, group)
 
 
-class ModelAndOptimizer:
+class ModelAndOptimizer(DcpState):
     """The Task runner's state: the model and its optimizer, keyed by parameter names."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
@@ -43,7 +98,7 @@ class ModelAndOptimizer:
         dcp_io.set_state(self.model, self.optimizer, state)
 
 
-class LoopObjects:
+class LoopObjects(DcpState):
     """A loop's state, as it names it: ``{"model": model, "optimizer": opt, "epoch": 3}``.
 
     Modules and optimizers go through DCP's state-dict API (parameter names, any strategy, any

@@ -198,9 +198,7 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
-class TaskConfig(Section):
-    """Which Python task to train: ``package.module:attr`` plus keyword arguments for it."""
-
+class _CodeTarget(Section):
     target: str = Field(description="import path of the task factory, `package.module:attr`")
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for it")
 
@@ -220,7 +218,16 @@ class TaskConfig(Section):
         return args
 
 
-class LoopConfig(TaskConfig):
+class TaskConfig(_CodeTarget):
+    """Which Python task to train: ``package.module:attr`` plus keyword arguments for it."""
+
+    framework: Literal["pytorch", "tensorflow"] = Field(
+        "pytorch", description="what the task's model is written in: pytorch (a torch nn.Module) or "
+        "tensorflow (a Keras model, trained with tf.distribute; pip install 'scaletrain[tensorflow]')",
+    )
+
+
+class LoopConfig(_CodeTarget):
     """Your own training loop: ``package.module:function``, called as ``function(ctx)`` on every
     worker; ``args`` reach it as ``ctx.config``."""
 
@@ -328,11 +335,13 @@ class ScaleConfig(Section):
         60.0, description="ray engine: how long joining scale.address may take (the address to "
         "answer, and its head to accept this process) before the run stops with one line"
     )
-    strategy: Literal["auto", "single", "ddp", "zero1", "fsdp", "hsdp"] = Field(
+    strategy: Literal["auto", "single", "ddp", "zero1", "fsdp", "hsdp", "mirrored"] = Field(
         "auto", description="single, ddp (full replicas), zero1 (ddp with the optimizer state split "
         "over the workers), fsdp (parameters, gradients and optimizer "
         "state sharded), hsdp (sharded within a group, replicated across groups); auto: the "
-        "planner's choice for these workers (single for 1; ddp when a replica fits, else fsdp), logged"
+        "planner's choice for these workers (single for 1; ddp when a replica fits, else fsdp), logged. "
+        "TensorFlow jobs: mirrored (tf.distribute's MultiWorkerMirroredStrategy, a replica per worker) "
+        "or auto (single for 1 worker, else mirrored)"
     )
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
     activation_checkpointing: bool = Field(
@@ -411,7 +420,7 @@ class ScaleConfig(Section):
         if self.strategy == "single" and self.workers > 1:
             raise ValueError(
                 f"strategy 'single' runs one process but workers is {self.workers}; "
-                "use strategy 'ddp' or 'auto'"
+                "use strategy 'ddp' or 'auto' ('mirrored' for a TensorFlow job)"
             )
         size = self.fsdp.shard_size
         if self.strategy == "hsdp" and size is not None and self.workers % size:
@@ -579,6 +588,11 @@ class JobConfig(Section):
         if self.task is not None:  # its data: and optim: are there (_absent_sections)
             if self.train.max_steps is None and self.train.epochs is None:
                 raise ValueError("set exactly one of train.max_steps or train.epochs")
+            if self.task.framework == "tensorflow":
+                return self._fits_tensorflow()
+            if self.scale.strategy == "mirrored":
+                raise ValueError("scale.strategy mirrored is TensorFlow's (task.framework: tensorflow); "
+                                 "a PyTorch job replicates with ddp, or auto")
             return self
         kind = "loop" if self.loop is not None else "script"
         given = [name for name in ("data", "optim") if getattr(self, name) is not None]
@@ -603,10 +617,38 @@ class JobConfig(Section):
                              "builds its own: use ddp or fsdp")
         return self
 
+    def _fits_tensorflow(self) -> JobConfig:
+        """A TensorFlow job: the settings that only mean something to PyTorch are refused, one
+        line each, never ignored; scale.strategy auto becomes what will run."""
+        scale, train = self.scale, self.train
+        refused = {
+            "scale.strategy": scale.strategy not in ("auto", "single", "mirrored") and
+            f"{scale.strategy} is a PyTorch strategy; a TensorFlow job runs mirrored "
+            "(MultiWorkerMirroredStrategy, a full replica per worker) or auto",
+            "scale.fsdp": scale.fsdp != FSDPConfig() and "configures PyTorch's FSDP; remove it",
+            "scale.activation_checkpointing": scale.activation_checkpointing and
+            "is PyTorch's; remove it (TensorFlow jobs do not recompute activations yet)",
+            "train.grad_accum": train.grad_accum != 1 and
+            "is not supported for TensorFlow jobs yet; raise data.batch_size or scale.workers instead",
+            "data.loader_workers": self.data.loader_workers != 0 and
+            "starts PyTorch DataLoader processes; a TensorFlow job reads through tf.data (remove it)",
+            "checkpoint.async_save": self.checkpoint.async_save and
+            "is not supported for TensorFlow jobs yet (their checkpoints are written by TF, "
+            "synchronously); set it to false",
+        }
+        for key, problem in refused.items():
+            if problem:
+                raise ValueError(f"{key} {problem}")
+        if scale.strategy == "auto":
+            scale.strategy = "single" if scale.workers == 1 else "mirrored"
+        return self
+
     @property
     def kind(self) -> str:
-        """What runs: ``task``, ``loop`` or ``script``."""
-        return "task" if self.task is not None else "loop" if self.loop is not None else "script"
+        """What runs: ``task`` (``tensorflow`` for a TensorFlow task), ``loop`` or ``script``."""
+        if self.task is not None:
+            return "tensorflow" if self.task.framework == "tensorflow" else "task"
+        return "loop" if self.loop is not None else "script"
 
     @field_validator("name")
     @classmethod

@@ -17,6 +17,7 @@ __all__ = [
     "Placement",
     "PlacementError",
     "choose_placement",
+    "control_placement",
     "sharing_message",
     "check_local_workers",
     "check_bf16",
@@ -71,6 +72,12 @@ def choose_placement(
         device = torch.device("cuda", env.local_rank % gpus)
     torch.cuda.set_device(device)
     return Placement(device, "gloo" if backend == "gloo" else "nccl")
+
+
+def control_placement() -> Placement:
+    """A worker whose model another framework places (a TensorFlow job): torch keeps to the CPU
+    and gloo, for the control messages (stop, save, reports) beside that framework's collectives."""
+    return Placement(torch.device("cpu"), "gloo")
 
 
 def check_local_workers(workers: int, backend: str) -> None:

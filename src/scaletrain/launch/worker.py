@@ -19,7 +19,13 @@ from typing import Any
 import torch
 
 from scaletrain.config.schema import JobConfig
-from scaletrain.distributed.device import apply_threads, check_bf16, choose_placement, set_determinism
+from scaletrain.distributed.device import (
+    apply_threads,
+    check_bf16,
+    choose_placement,
+    control_placement,
+    set_determinism,
+)
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.process_group import process_group
 from scaletrain.engine.control import Control
@@ -79,7 +85,8 @@ def run_worker(
         # Placement: threads, determinism, device and backend.
         apply_threads(spec.threads)
         set_determinism(job.deterministic)
-        placement = choose_placement(env, job.scale.backend, device)
+        placement = (choose_placement(env, job.scale.backend, device) if runner.uses_torch_device
+                     else control_placement())
         check_bf16(placement.device, job.train.precision)
         # ddp, fsdp and hsdp run in a process group, also with one worker.
         needs_group = job.scale.resolved_strategy != "single"

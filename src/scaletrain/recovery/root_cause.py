@@ -22,7 +22,8 @@ FileState = tuple[int, int, int]
 
 
 # When one rank dies the others fail inside a collective; those errors are echoes, not causes.
-_ECHO_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError"}
+# TensorFlow's collectives (a TensorFlow job) raise UnavailableError when a peer is gone.
+_ECHO_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError", "UnavailableError"}
 _BAD_INPUT_TYPES = {"TaskError", "ConfigError", "PlacementError", "PreflightError"}
 _ECHO_TEXT = ("Connection closed by peer", "Connection reset by peer", "gloo/transport",
               "ncclRemoteError", "remote process exited")
@@ -144,8 +145,9 @@ def _hung_ranks(spec: RunSpec, ranks: Iterable[int], earlier: dict[str, FileStat
 # A thread that trains: the loop, or a runner (the rest are helpers: tracking, checkpoint writers).
 _TRAINING_IN = ("/scaletrain/engine/", "/scaletrain/runners/")
 # Where the training thread of a rank that only waits for a peer is: in a collective (ours, or
-# DDP's and FSDP's inside autograd).
-_WAITING_IN = ("/torch/distributed/", "/torch/autograd/", "/scaletrain/distributed/")
+# DDP's and FSDP's inside autograd; a TensorFlow job's are inside its compiled step, which a
+# rank enters only when the others have agreed to go on).
+_WAITING_IN = ("/torch/distributed/", "/torch/autograd/", "/scaletrain/distributed/", "/tensorflow/python/eager/")
 
 
 def _waits_in_collective(path: Any) -> bool:

@@ -2,7 +2,8 @@
 the engines (in-process, local, Ray) do not change, and never import a runner's internals.
 
 The kind is the job file's section that names the code to run: ``task:`` (a scaletrain Task,
-trained by the engine's loop) or ``loop:`` (the user's own loop, given a LoopContext)."""
+trained by the engine's loop; ``tensorflow`` for a Task with ``framework: tensorflow``, a Keras
+model trained with tf.distribute) or ``loop:`` (the user's own loop, given a LoopContext)."""
 
 from __future__ import annotations
 
@@ -19,17 +20,16 @@ __all__ = ["Runner", "RUNNERS", "runner_kind", "get_runner"]
 RUNNERS: dict[str, str] = {
     "task": "scaletrain.runners.task:TaskRunner",
     "loop": "scaletrain.runners.loop:LoopRunner",
+    "tensorflow": "scaletrain.runners.tensorflow:TensorFlowRunner",
 }
 
 
 def runner_kind(job: JobConfig) -> str:
-    """The kind the job asks for: the one runner section it sets."""
-    kinds = [kind for kind in RUNNERS if getattr(job, kind, None) is not None]
-    if len(kinds) != 1:
-        sections = " or ".join(f"'{kind}:'" for kind in RUNNERS)
-        found = ", ".join(kinds) if kinds else "none"
-        raise ConfigError(f"a job names its code in exactly one of {sections} (found: {found})")
-    return kinds[0]
+    """The kind the job asks for (the one runner section it sets; JobConfig.kind)."""
+    if job.kind not in RUNNERS:
+        raise ConfigError(f"a job of kind {job.kind!r} has no worker runner (a script job runs through "
+                          "`scaletrain launch`)")
+    return job.kind
 
 
 def get_runner(kind: str) -> Runner:

@@ -24,6 +24,9 @@ RESULT_KEYS = (
 
 class Runner(ABC):
     kind: str = ""  # the job file's section that names the code to run
+    # False: the model is another framework's (TensorFlow), which picks its own device; torch
+    # stays on the CPU, for the control messages.
+    uses_torch_device: bool = True
 
     @abstractmethod
     def run(self, runtime: WorkerRuntime) -> dict[str, Any]:

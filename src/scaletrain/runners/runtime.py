@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -137,17 +137,20 @@ class WorkerRuntime:
             before_commit=getattr(console, "before_checkpoint", None),
         )
 
-    def write_run_card(self, dataset: object | None, task: object | None = None) -> None:
-        """run_card.json (environment, git state, the training data's fingerprint: the task's
-        own, else a sample of ``dataset``'s items); a failure is a warning, never the run's."""
+    def write_run_card(self, dataset: object | None, task: object | None = None,
+                       fingerprint: str | None = None, extra: dict[str, Any] | None = None) -> None:
+        """run_card.json (environment, git state, the training data's fingerprint: given, the
+        task's own, else a sample of ``dataset``'s items; ``extra``: a runner's own entries, such
+        as TensorFlow's version and devices); a failure is a warning, never the run's."""
         from scaletrain.tracking.redact import Redactor
         from scaletrain.tracking.run_card import build_run_card, data_fingerprint, write_run_card
 
         spec = self.spec
         try:
-            fingerprint = (data_fingerprint(task, dataset) if dataset is not None or task is not None
-                           else "not known: the loop read no data through ctx.loader")
-            card = build_run_card(spec.job, fingerprint, self.env.world_size)
+            if fingerprint is None:
+                fingerprint = (data_fingerprint(task, dataset) if dataset is not None or task is not None
+                               else "not known: the loop read no data through ctx.loader")
+            card = {**build_run_card(spec.job, fingerprint, self.env.world_size), **(extra or {})}
             write_run_card(spec.out_dir, card, Redactor.for_config(spec.job))
         except Exception:
             log.warning("could not write the run card", exc_info=True)
