@@ -110,6 +110,21 @@ def test_a_users_loop_on_two_ray_nodes_gives_the_local_engines_weights(tmp_path,
     assert [row["step"] for row in read_metrics(on_ray["run_dir"])] == list(range(1, 31))
 
 
+def test_a_tensorflow_job_on_two_ray_nodes_gives_the_local_engines_weights(tmp_path, ray_cluster):
+    """TF_CONFIG set on our Ray workers (swapped over their gloo group), not Ray's TensorflowTrainer:
+    the same worker, runner, checkpoints and recovery as the local engine."""
+    from tests.helpers.keras_jobs import keras_job
+
+    local = scaletrain.run(keras_job(tmp_path / "local", train={"max_steps": 20, "eval_every": 10}))
+    on_ray = scaletrain.run(keras_job(tmp_path / "ray", train={"max_steps": 20, "eval_every": 10},
+                                      scale={"engine": "ray", "address": ray_cluster.address}))
+    assert on_ray["engine"] == "ray" and on_ray["steps"] == 20 and on_ray["strategy"] == "mirrored"
+    assert on_ray["weights_sha256"] == local["weights_sha256"] != ""
+    assert on_ray["eval"] == local["eval"]
+    assert len(set(worker_nodes(on_ray).values())) == 2
+    assert [row["step"] for row in read_metrics(on_ray["run_dir"])] == [1, 10, 20]
+
+
 def test_a_killed_worker_is_recovered_from_the_newest_checkpoint(tmp_path, monkeypatch, ray_cluster, local_reference):
     job = ray_job(tmp_path, scale={"engine": "ray", "address": ray_cluster.address})
     monkeypatch.setenv(FAULT_ENV, "sigkill:rank=1:step=25")

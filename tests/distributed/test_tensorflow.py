@@ -4,6 +4,7 @@ restart and resume to the uninterrupted weights; SIGTERM to the launcher stops a
 with a checkpoint (exit 75) and `scaletrain resume` finishes the job; one MLflow run with the
 Keras model. Few runs, sharing one reference: TensorFlow's import alone costs ~5 s a worker."""
 
+import importlib.util
 import json
 import signal
 import subprocess
@@ -145,3 +146,43 @@ def test_sigterm_to_the_launcher_stops_at_an_agreed_step_then_resume_finishes(tm
     summary = json.loads(done.stdout)
     assert summary["resumed_from_step"] == stop["step"] and summary["steps"] == 40
     assert summary["weights_sha256"] == reference["weights_sha256"]
+
+
+def test_plan_weighs_one_process_against_mirrored_for_a_keras_model(tmp_path):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(keras_job(tmp_path)))
+    out = scaletrain_cli("plan", str(job_file), "--json", "--gpu", "H100", "--devices-per-node", "4")
+    assert out.returncode == 0, out.stderr[-2000:]
+    plan = json.loads(out.stdout)
+    # 16*32+32 + 32*4+4 parameters, fp32; AdamW keeps two moments.
+    assert plan["model"]["params"] == 676 and plan["model"]["param_bytes"] == 676 * 4
+    rows = {e["option"]["label"]: e for e in plan["estimates"]}
+    assert sorted(rows) == ["mirrored", "single"] and rows["mirrored"]["option"]["world"] == 4
+    assert rows["single"]["memory"]["params"] == rows["mirrored"]["memory"]["params"] == 676 * 4
+    assert rows["mirrored"]["memory"]["optimizer"] == pytest.approx(2 * 676 * 4, abs=64)  # + step counters
+    assert plan["notes"][0].startswith("a Keras model: parameters and model state are exact")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'scaletrain[ray]')")
+def test_tune_searches_a_tensorflow_job(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    job = keras_job(tmp_path, scale={"workers": 1}, train={"max_steps": 20, "eval_every": 10},
+                    tracking={"enabled": True, "uri": uri, "experiment": "search", "log_model": False})
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    space = tmp_path / "space.yaml"
+    space.write_text("optim.lr: {grid: [0.03, 1.0e-7]}\n")
+    out = scaletrain_cli("tune", str(job_file), "--space", str(space), "--trials", "1", "--metric",
+                         "eval/accuracy", "--mode", "max", "--json", timeout=270)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    rows = {row["config"]["optim.lr"]: row for row in summary["trials"]}
+    assert sorted(rows) == [1.0e-7, 0.03] and all(row["status"] == "finished" for row in rows.values())
+    assert summary["best"]["config"]["optim.lr"] == 0.03
+    best_job = yaml.safe_load(Path(summary["best_job"]).read_text())
+    assert (best_job["optim"]["lr"], best_job["task"]["framework"]) == (0.03, "tensorflow")
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("search").experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("scaletrain.tune") == "search"]
+    trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(trials) == 2 and {r.data.params["task.framework"] for r in trials} == {"tensorflow"}

@@ -49,8 +49,8 @@ def test_a_job_runs_the_runner_its_kind_names():
     job = parse_job(toy_job(Path("/tmp")))
     assert runners.runner_kind(job) == "task"
     assert isinstance(runners.get_runner("task"), TaskRunner)
-    with pytest.raises(ConfigError, match=r"no runner for jobs of kind 'tensorflow'; known: loop, task"):
-        runners.get_runner("tensorflow")
+    with pytest.raises(ConfigError, match=r"no runner for jobs of kind 'jax'; known: loop, task, tensorflow"):
+        runners.get_runner("jax")
 
 
 def test_any_runner_reports_through_the_runtime(tmp_path, probe):

@@ -71,6 +71,12 @@ def _estimate(job: str | None, overrides: list[str], params: float | None,
         from scaletrain.task import build_task
 
         config, search_path = resolve_job(job, overrides)
+        if config.kind == "tensorflow":
+            from scaletrain.plan import plan_keras_job
+            from scaletrain.task import check_job_code
+
+            check_job_code(config, search_path)  # TensorFlow is there
+            return plan_keras_job(config, search_path, what_if["hardware"])
         if config.task is None:
             raise ConfigError("scaletrain plan builds the model of a task: job; a loop builds its own. "
                               "Plan it as a what-if (--params N, or --layers/--hidden/--heads)")

@@ -13,12 +13,12 @@ from scaletrain.plan.state_bytes import local_bytes, optimizer_bytes, zero_parti
 __all__ = ["Option", "Estimate", "Plan", "make_plan", "estimate", "state_bytes_per_rank", "USABLE_MEMORY"]
 
 USABLE_MEMORY = 0.9  # of a device's memory: the rest goes to the allocator's fragmentation, kernels, comm buffers
-SIMPLICITY = ["single", "ddp", "zero1", "fsdp (no reshard)", "fsdp", "hsdp"]
+SIMPLICITY = ["single", "ddp", "mirrored", "zero1", "fsdp (no reshard)", "fsdp", "hsdp"]
 
 
 @dataclass(frozen=True)
 class Option:
-    strategy: str  # single | ddp | zero1 | fsdp | hsdp
+    strategy: str  # single | ddp | zero1 | fsdp | hsdp; mirrored (TensorFlow's, ddp's twin)
     world: int
     shard: int = 1  # ranks a parameter is split over
     reshard_after_forward: bool = True
@@ -138,7 +138,7 @@ def estimate(option: Option, profile: ModelProfile, hardware: Hardware, batch: i
     n, grad_bytes = option.world, float(profile.param_bytes)  # gradients reduced in fp32
     compute_bytes = profile.param_bytes * gathered_scale
     intra = inter = 0.0
-    if option.strategy in ("ddp", "zero1"):
+    if option.strategy in ("ddp", "zero1", "mirrored"):
         ring = 2 * (n - 1) / n * grad_bytes
         if option.strategy == "zero1":  # each owner broadcasts its updated parameters
             ring += (n - 1) / n * profile.param_bytes
@@ -193,7 +193,7 @@ def _collectives(option: Option, profile: ModelProfile) -> int:
     if option.world == 1:
         return 0
     grads = profile.param_bytes
-    if option.strategy in ("ddp", "zero1"):
+    if option.strategy in ("ddp", "zero1", "mirrored"):  # TF packs gradients into all-reduces likewise
         rest = max(0, grads - DDP_FIRST_BUCKET_BYTES)
         buckets = 1 + -(-rest // DDP_BUCKET_BYTES)
         return buckets + (len(profile.shapes) if option.strategy == "zero1" else 0)  # a broadcast per parameter
@@ -206,9 +206,11 @@ def _collectives(option: Option, profile: ModelProfile) -> int:
 
 
 def make_plan(profile: ModelProfile, hardware: Hardware, batch: int, optimizer: str = "adamw",
-              momentum: float = 0.0, precision: str = "fp32", every_device: bool = False) -> Plan:
-    """``every_device``: only ways that use all of the hardware's devices (the workers are given)."""
-    options = [o for o in _options(hardware) if not every_device or o.world == hardware.world]
+              momentum: float = 0.0, precision: str = "fp32", every_device: bool = False,
+              options: list[Option] | None = None) -> Plan:
+    """``every_device``: only ways that use all of the hardware's devices (the workers are given);
+    ``options``: the ways to weigh (default: PyTorch's)."""
+    options = [o for o in (options or _options(hardware)) if not every_device or o.world == hardware.world]
     estimates = [estimate(o, profile, hardware, batch, optimizer, momentum, precision) for o in options]
     recommended, reason = _recommend(estimates, hardware, profile)
     notes = []
@@ -261,8 +263,8 @@ def _recommend(estimates: list[Estimate], hardware: Hardware, profile: ModelProf
             return best, f"one process is enough: one device is all there is, and the job needs {_gb(need)} of its {_gb(have)}"
         return best, (f"one process is enough: it needs {_gb(need)} of {_gb(have)}, and more workers would spend "
                       "more time communicating than they save computing")
-    if best.option.strategy == "ddp":
-        text = (f"data parallel: a full replica fits on each device ({_gb(need)} of {_gb(have)}); the all-reduce "
+    if best.option.strategy in ("ddp", "mirrored"):
+        text = (f"data parallel{' (MultiWorkerMirroredStrategy)' if best.option.strategy == 'mirrored' else ''}: a full replica fits on each device ({_gb(need)} of {_gb(have)}); the all-reduce "
                 f"moves {_gb(best.comm_bytes['intra_node'] + best.comm_bytes['inter_node'])} per rank per step")
         if best.compute_s is not None:
             hidden = "hidden behind" if best.comm_s <= best.compute_s else "longer than"

@@ -40,7 +40,7 @@ from scaletrain.runners.tf.cluster import configure, import_tensorflow, make_str
 from scaletrain.runners.tf.data import Position, TrainBatches, eval_shard
 from scaletrain.runners.tf.export import save_keras_weights, save_mlflow_keras_model, weights_sha256
 from scaletrain.runners.tf.optim import build_optimizer, lr_schedule
-from scaletrain.runners.tf.task import LossAndMetrics, as_dataset, build_keras_task, loss_and_metrics
+from scaletrain.keras_task import LossAndMetrics, as_dataset, build_keras_model, build_keras_task, loss_and_metrics
 from scaletrain.tracking.logs import LOGGER_NAME
 from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR
 
@@ -90,9 +90,7 @@ class _Training:
         keras.utils.set_random_seed(derive_seed(self.job.seed, "init") % (1 << 32))  # same init everywhere
         features = train_set.element_spec[0]
         with strategy.scope():
-            self.model = task.build_model()
-            sample = tf.nest.map_structure(lambda spec: tf.zeros([1, *spec.shape], spec.dtype), features)
-            output = self.model(sample, training=False)  # builds it; no random draw (not training)
+            self.model, output = build_keras_model(task, features)
             self.schedule = lr_schedule(self.job, total)
             self.optimizer = build_optimizer(self.job, self.schedule)
             self.optimizer.build(self.model.trainable_variables)

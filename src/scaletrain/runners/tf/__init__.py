@@ -1,3 +1,4 @@
-"""The TensorFlow runner's parts (runners/tensorflow.py): the cluster and devices, the Keras task,
-its data by global position, the optimizer, the TF checkpoint, the export. Imported only by a
-TensorFlow job's workers: nothing else in scaletrain imports TensorFlow."""
+"""The TensorFlow runner's parts (runners/tensorflow.py): the cluster and devices, the data by
+global position, the optimizer, the TF checkpoint, the export. Imported only by a
+TensorFlow job's workers; TensorFlow itself only there, in keras_task.py (the task a user writes)
+and plan/keras_profile.py, never in a PyTorch job."""

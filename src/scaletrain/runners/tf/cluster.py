@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 from typing import Any
 
 from scaletrain.distributed import collectives
@@ -82,9 +83,11 @@ def make_strategy(tf: Any, env: DistEnv, backend: str) -> Any:
     )
     # TF's coordination service takes SIGTERM for its own preemption notifier (in C++, out of
     # Python's sight): the worker's stop handlers go back, so a SIGTERM stops at an agreed step.
-    for sig, handler in stop_handlers.items():
-        if callable(handler):
-            signal.signal(sig, handler)
+    # (Under Ray the loop runs off the main thread, and the engine relays the stop instead.)
+    if threading.current_thread() is threading.main_thread():
+        for sig, handler in stop_handlers.items():
+            if callable(handler):
+                signal.signal(sig, handler)
     if env.is_main:
         log.info("tf.distribute cluster", extra={"workers": config["cluster"]["worker"],
                                                  "collectives": _COLLECTIVES[backend]})

@@ -1,4 +1,5 @@
-"""The Keras task: what a user writes for a TensorFlow job, the same shape as a PyTorch Task::
+"""The Keras task: what a user writes for a TensorFlow job (task.framework: tensorflow), the same
+shape as a PyTorch Task (task.py). TensorFlow is imported only when a task is used::
 
     class DigitsKeras:
         def __init__(self, hidden: int = 128): ...
@@ -22,7 +23,7 @@ from typing import Any
 from scaletrain.errors import TaskError
 from scaletrain.task import check_task_args, resolve_task_factory
 
-__all__ = ["build_keras_task", "LossAndMetrics", "loss_and_metrics", "as_dataset"]
+__all__ = ["build_keras_task", "build_keras_model", "LossAndMetrics", "loss_and_metrics", "as_dataset"]
 
 
 def build_keras_task(target: str, args: Mapping[str, Any], search_path: Sequence[str] = ()) -> Any:
@@ -39,6 +40,16 @@ def build_keras_task(target: str, args: Mapping[str, Any], search_path: Sequence
             "train_dataset() and loss() (or compile_args())"
         )
     return task
+
+
+def build_keras_model(task: Any, features: Any) -> tuple[Any, Any]:
+    """The task's model, built (one forward pass on a sample of zeros: no random draw), and its
+    output; ``features``: the training set's per-sample feature spec."""
+    import tensorflow as tf
+
+    model = task.build_model()
+    sample = tf.nest.map_structure(lambda spec: tf.zeros([1, *spec.shape], spec.dtype), features)
+    return model, model(sample, training=False)
 
 
 @dataclass
