@@ -32,6 +32,7 @@ from scaletrain.checkpoint.manager import CheckpointError, CheckpointManager
 from scaletrain.data.sampler import derive_seed
 from scaletrain.distributed import collectives
 from scaletrain.engine.metrics import MetricsWindow, StepOutput, step_time_summary
+from scaletrain.keras_task import LossAndMetrics, as_dataset, build_keras_model, build_keras_task, loss_and_metrics
 from scaletrain.rundir import WEIGHTS_FILE
 from scaletrain.runners.base import Runner
 from scaletrain.runners.runtime import WorkerRuntime
@@ -40,7 +41,6 @@ from scaletrain.runners.tf.cluster import configure, import_tensorflow, make_str
 from scaletrain.runners.tf.data import Position, TrainBatches, eval_shard
 from scaletrain.runners.tf.export import save_keras_weights, save_mlflow_keras_model, weights_sha256
 from scaletrain.runners.tf.optim import build_optimizer, lr_schedule
-from scaletrain.keras_task import LossAndMetrics, as_dataset, build_keras_model, build_keras_task, loss_and_metrics
 from scaletrain.tracking.logs import LOGGER_NAME
 from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR
 
