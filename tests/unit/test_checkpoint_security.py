@@ -44,9 +44,18 @@ def test_a_manifest_naming_anything_but_a_checkpoints_files_is_refused(name):
 
 def test_a_manifest_must_list_the_index_and_the_trainer_state():
     files = {k: v for k, v in LAYOUT.items() if k != ".metadata"}
-    with pytest.raises(CheckpointRefused, match=r"^the manifest does not list \.metadata: refused$"):
+    with pytest.raises(CheckpointRefused, match=r"^the manifest lists no index \(\.metadata or tf\.index\): refused$"):
+        Manifest.from_json(_manifest(files=files).to_json())
+    files = {k: v for k, v in LAYOUT.items() if k != "trainer.json"}
+    with pytest.raises(CheckpointRefused, match=r"^the manifest does not list trainer\.json: refused$"):
         Manifest.from_json(_manifest(files=files).to_json())
     assert sorted(Manifest.from_json(_manifest().to_json()).files) == sorted(LAYOUT)
+    # A TensorFlow job's: TF's index and data shards; nothing else TF might name.
+    entry = next(iter(LAYOUT.values()))
+    tf_files = {"trainer.json": entry, "tf.index": entry, "tf.data-00000-of-00001": entry}
+    assert sorted(Manifest.from_json(_manifest(files=tf_files).to_json()).files) == sorted(tf_files)
+    with pytest.raises(CheckpointRefused, match=r"names 'tf\.data-0-of-1', which is not a file of a checkpoint"):
+        Manifest.from_json(_manifest(files={**tf_files, "tf.data-0-of-1": entry}).to_json())
 
 
 def test_a_file_linked_outside_the_checkpoint_folder_is_refused(tmp_path):

@@ -66,7 +66,7 @@ def test_section_rules():
         "train: set exactly one of train.max_steps or train.epochs"
     ]
     assert problems(overrides=["scale.workers=2", "scale.strategy=single"]) == [
-        "scale: strategy 'single' runs one process but workers is 2; use strategy 'ddp' or 'auto'"
+        "scale: strategy 'single' runs one process but workers is 2; use strategy 'ddp' or 'auto' ('mirrored' for a TensorFlow job)"
     ]
     assert problems(overrides=["task.target=nocolon"]) == [
         "task.target: must look like 'package.module:attr', got 'nocolon'"
