@@ -227,6 +227,14 @@ def test_a_loop_and_a_script(checkout):
     assert "epoch 0 step 29 loss" in script.stdout and "digits_torchrun finished" in script.stdout
 
 
+def test_a_keras_job(checkout):
+    keras = checkout.run(readme("scaletrain run examples/digits_keras.yaml"), "--set", "train.epochs=3", "--json")
+    summary = json.loads(keras.stdout)
+    assert (summary["strategy"], summary["world_size"]) == ("mirrored", 2) and summary["eval"]["accuracy"] > 0.9
+    planned = checkout.run(readme("scaletrain plan examples/digits_keras.yaml"))
+    assert "mirrored" in planned.stdout and "recommendation: " in planned.stdout, planned.stdout[-2000:]
+
+
 def test_the_bad_input_examples_print_what_the_readme_shows(checkout):
     job = checkout.root / "examples" / "digits.yaml"
     original = job.read_text()

@@ -56,9 +56,10 @@ def configure(tf: Any, env: DistEnv, threads: int | None, deterministic: bool, p
         device = f"GPU:0 ({mine.name})"
     if deterministic:
         tf.config.experimental.enable_op_determinism()
-    if precision == "bf16":
-        import keras
+    import keras
 
+    keras.config.disable_interactive_logging()  # no progress bars on the launcher's stdout
+    if precision == "bf16":
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
     return device
 

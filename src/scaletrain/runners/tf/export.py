@@ -5,8 +5,10 @@ model is kept in Keras' own .keras format, loaded without running code from it).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -49,11 +51,14 @@ def save_mlflow_keras_model(model: Any, path: str | Path, example: Any) -> Path 
 
         configure_mlflow_client()
         tf_package = next((p for p in ("tensorflow", "tensorflow-cpu") if _installed(p)), "tensorflow")
-        mlflow.tensorflow.save_model(
-            model, str(path), input_example=example,
-            # Skips MLflow's requirement inference, which imports the model in a subprocess.
-            pip_requirements=[f"{tf_package}=={metadata.version(tf_package)}"],
-        )
+        # MLflow checks the model by predicting: Keras' progress bar must not reach stdout,
+        # which is the launcher's (`--json` prints the summary there).
+        with contextlib.redirect_stdout(sys.stderr):
+            mlflow.tensorflow.save_model(
+                model, str(path), input_example=example,
+                # Skips MLflow's requirement inference, which imports the model in a subprocess.
+                pip_requirements=[f"{tf_package}=={metadata.version(tf_package)}"],
+            )
     except Exception as exc:
         log.warning(
             "the final model was not saved in MLflow's format (%s: %s); the weights are in model.safetensors",
