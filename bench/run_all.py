@@ -42,6 +42,7 @@ BENCHES = {
     "ray": ("ray_engine.py", ["--repeats", "1", "--steps", "300"], ["--repeats", "3", "--steps", "600"]),
     "nodes": ("nodes.py", ["--repeats", "1", "--steps", "600"], ["--repeats", "3", "--steps", "1200"]),
     "script_launch": ("script_launch.py", ["--repeats", "2", "--steps", "2000"], ["--repeats", "5", "--steps", "4000"]),
+    "tf_first_step": ("tf_first_step.py", ["--repeats", "2", "--steps", "600"], ["--repeats", "5", "--steps", "1200"]),
 }
 TARGETS = {"throughput": 0.97, "tracking": 0.01, "checkpoint_sync": 1.2, "async_stall": 0.10}
 
@@ -131,6 +132,13 @@ def rows(results: dict) -> list[dict]:
             f"{raw['first_step_s']:.1f} (the same script under torchrun)", r["ratio_first_step"])
         add("a torchrun script under `scaletrain launch`: steps/s", f"{st['steps_per_s']:.0f}",
             f"{raw['steps_per_s']:.0f} (torchrun)", r["ratio_steps_per_s"])
+    r = results.get("tf_first_step", {})
+    if "median" in r:
+        st, raw = r["median"]["scaletrain"], r["median"]["mwms"]
+        add("a Keras job (2 TF workers): time to first step (s)", f"{st['first_step_s']:.1f}",
+            f"{raw['first_step_s']:.1f} (a hand-written MultiWorkerMirroredStrategy script)", r["ratio_first_step"])
+        add("a Keras job (2 TF workers): step time (ms)", f"{st['step_time_s'] * 1e3:.2f}",
+            f"{raw['step_time_s'] * 1e3:.2f} (the same script)", r["ratio_step_time"])
     r = results.get("nodes", {})
     if "rows" in r:
         one, two = r["rows"]["one node"], r["rows"]["two nodes"]
