@@ -286,3 +286,32 @@ def test_a_dump_appended_to_an_earlier_attempts_stacks_is_this_attempts_hang(spe
         "worker rank 1 failed: made no progress for 8 s (hang watchdog); every thread's stack is in "
         f"{spec.worker_stacks(1)} {details(spec, 1)}"
     )
+
+
+# A TensorFlow job: its collectives run inside the compiled step; a lost peer is UnavailableError.
+IN_TF_STEP = """\
+Thread 0x00007f1e3b1a4b80 (most recent call first):
+  File "/opt/venv/lib/python3.11/site-packages/tensorflow/python/eager/execute.py", line 53 in quick_execute
+  File "/opt/venv/lib/python3.11/site-packages/tensorflow/python/eager/polymorphic_function/concrete_function.py", line 1322 in _call_flat
+  File "/opt/venv/lib/python3.11/site-packages/scaletrain/runners/tensorflow.py", line 185 in _loop
+  File "/opt/venv/lib/python3.11/site-packages/scaletrain/launch/worker.py", line 120 in main
+  File "<frozen runpy>", line 88 in _run_code
+"""
+
+
+def test_a_tensorflow_rank_waiting_in_its_step_waits_for_the_hung_one(spec):
+    write_stacks(spec, 0, dump(IN_USER_CODE))
+    write_stacks(spec, 1, dump(IN_TF_STEP))
+    err = worker_error(spec, [0, 1], {0: "exited with signal SIGALRM", 1: "exited with signal SIGALRM"})
+    assert str(err) == (
+        "worker rank 0 failed: made no progress for 8 s (hang watchdog; rank 1 waited for it in a "
+        f"collective); every thread's stack is in {spec.worker_stacks(0)} {details(spec, 0)}"
+    )
+
+
+def test_tensorflows_lost_peer_is_an_echo_of_the_rank_killed_outright(spec):
+    write_error(spec, 0, "UnavailableError", "Graph execution error: ... CollectiveReduceV2 ... failed to connect",
+                timestamp=10.0, steps=25)
+    killed = "exited with signal SIGKILL (out of memory?)"
+    err = worker_error(spec, [0], {1: killed})
+    assert (err.rank, str(err)) == (1, f"worker rank 1 failed: {killed} {details(spec, 1)}")
