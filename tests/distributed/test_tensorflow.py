@@ -87,6 +87,16 @@ def test_same_seed_same_weights_one_mlflow_run_and_a_keras_model_that_predicts(t
     assert np.asarray(predicted).shape == (5, 4)
 
 
+def test_one_worker_in_this_process_trains_as_one_local_worker_does(tmp_path):
+    """The in-process engine (1 worker, no restarts: TF's default strategy, in the caller's
+    process) and the local engine's one worker give the same weights."""
+    here = scaletrain.run(keras_job(tmp_path / "here", scale={"workers": 1}, recovery={"max_restarts": 0}))
+    local = scaletrain.run(keras_job(tmp_path / "local", scale={"workers": 1}))
+    assert (here["engine"], here["strategy"], local["engine"]) == ("in-process", "single", "local")
+    assert here["weights_sha256"] == local["weights_sha256"] != ""
+    assert here["eval"] == local["eval"] and here["steps"] == 40
+
+
 def test_a_killed_then_hung_worker_restarts_and_resumes_to_the_same_weights(tmp_path, monkeypatch, reference):
     job = keras_job(tmp_path, recovery={"max_restarts": 2, "hang_timeout_s": 8})
     # Rank 1 SIGKILLed at step 25; after the restart (from step 20), rank 0 hangs at step 33.
