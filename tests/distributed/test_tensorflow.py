@@ -6,6 +6,7 @@ Keras model. Few runs, sharing one reference: TensorFlow's import alone costs ~5
 
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -35,7 +36,7 @@ def reference(tmp_path_factory):
     return scaletrain.run(keras_job(tmp_path_factory.mktemp("reference")))
 
 
-def test_same_seed_same_weights_one_mlflow_run_and_a_keras_model_that_predicts(tmp_path, reference, monkeypatch):
+def test_same_seed_same_weights_one_mlflow_run_and_a_keras_model_that_predicts(tmp_path, reference):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     summary = scaletrain.run(keras_job(tmp_path, tracking={"enabled": True, "uri": uri, "experiment": "keras"}))
     assert reference["weights_sha256"] and summary["weights_sha256"] == reference["weights_sha256"]
@@ -77,24 +78,22 @@ def test_same_seed_same_weights_one_mlflow_run_and_a_keras_model_that_predicts(t
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"job.yaml", "summary.json", "logs", "weights", "model", "run_card.json"} <= artifacts
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # what runs:/ URIs resolve against
-    x = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
-    model = mlflow.tensorflow.load_model(f"runs:/{run.info.run_id}/model")
-    assert tuple(model.predict(x, verbose=0).shape) == (5, 4)
-    # The trained weights, not a fresh model's
-    np.testing.assert_array_equal(model.weights[0].numpy(), weights["sequential/dense/kernel"].numpy())
-    predicted = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model").predict(x)
-    assert np.asarray(predicted).shape == (5, 4)
-
-
-def test_one_worker_in_this_process_trains_as_one_local_worker_does(tmp_path):
-    """The in-process engine (1 worker, no restarts: TF's default strategy, in the caller's
-    process) and the local engine's one worker give the same weights."""
-    here = scaletrain.run(keras_job(tmp_path / "here", scale={"workers": 1}, recovery={"max_restarts": 0}))
-    local = scaletrain.run(keras_job(tmp_path / "local", scale={"workers": 1}))
-    assert (here["engine"], here["strategy"], local["engine"]) == ("in-process", "single", "local")
-    assert here["weights_sha256"] == local["weights_sha256"] != ""
-    assert here["eval"] == local["eval"] and here["steps"] == 40
+    # Loaded as a user would, in a fresh process (this one keeps TensorFlow out until the
+    # in-process test): the trained weights, predicting through the TF flavor and the pyfunc.
+    code = (
+        "import sys, numpy as np, mlflow, mlflow.tensorflow\n"
+        "x = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)\n"
+        f"model = mlflow.tensorflow.load_model('runs:/{run.info.run_id}/model')\n"
+        "print(tuple(model.predict(x, verbose=0).shape))\n"
+        "np.save(sys.argv[1], model.weights[0].numpy())\n"
+        f"print(np.asarray(mlflow.pyfunc.load_model('runs:/{run.info.run_id}/model').predict(x)).shape)\n"
+    )
+    kernel = tmp_path / "kernel.npy"
+    loaded = subprocess.run([sys.executable, "-c", code, str(kernel)], capture_output=True, text=True, timeout=180,
+                            env={**os.environ, "MLFLOW_TRACKING_URI": uri, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert [line for line in loaded.stdout.splitlines() if line.startswith("(")] == ["(5, 4)", "(5, 4)"], loaded.stdout
+    np.testing.assert_array_equal(np.load(kernel), weights["sequential/dense/kernel"].numpy())
 
 
 def test_a_killed_then_hung_worker_restarts_and_resumes_to_the_same_weights(tmp_path, monkeypatch, reference):
@@ -196,3 +195,15 @@ def test_tune_searches_a_tensorflow_job(tmp_path):
     (parent,) = [r for r in runs if r.data.tags.get("scaletrain.tune") == "search"]
     trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(trials) == 2 and {r.data.params["task.framework"] for r in trials} == {"tensorflow"}
+
+
+def test_one_worker_in_this_process_trains_as_one_local_worker_does(tmp_path):
+    """The in-process engine (1 worker, no restarts: TF's default strategy, in the caller's
+    process; twice, as from a notebook: TF's threads are set once per process) and the local
+    engine's one worker give the same weights. Last: TensorFlow stays in this process after."""
+    here = scaletrain.run(keras_job(tmp_path / "here", scale={"workers": 1}, recovery={"max_restarts": 0}))
+    again = scaletrain.run(keras_job(tmp_path / "again", scale={"workers": 1}, recovery={"max_restarts": 0}))
+    local = scaletrain.run(keras_job(tmp_path / "local", scale={"workers": 1}))
+    assert (here["engine"], here["strategy"], local["engine"]) == ("in-process", "single", "local")
+    assert here["weights_sha256"] == again["weights_sha256"] == local["weights_sha256"] != ""
+    assert here["eval"] == local["eval"] and here["steps"] == 40

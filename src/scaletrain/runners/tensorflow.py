@@ -87,6 +87,9 @@ class _Training:
         self.job, self.env = runtime.job, runtime.env
         self.train_set, self.eval_set, self.batches, self.total, self.device = (
             train_set, eval_set, batches, total, device)
+        # Keras' global state (its global seed generator, layer names) starts afresh: a second
+        # job in this process (in-process engine, a notebook) builds what the first built.
+        keras.utils.clear_session()
         keras.utils.set_random_seed(derive_seed(self.job.seed, "init") % (1 << 32))  # same init everywhere
         features = train_set.element_spec[0]
         with strategy.scope():

@@ -44,16 +44,20 @@ def import_tensorflow() -> Any:
 def configure(tf: Any, env: DistEnv, threads: int | None, deterministic: bool, precision: str) -> str:
     """Threads, this worker's device and determinism, before TensorFlow starts its runtime.
     Returns the device TF computes on ("GPU:0" is this worker's GPU; "CPU")."""
-    if threads:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
     gpus = tf.config.list_physical_devices("GPU")
-    device = "CPU"
-    if gpus:  # one GPU per worker on its machine, grown as needed (the torch side stays on the CPU)
-        mine = gpus[env.local_rank % len(gpus)]
-        tf.config.set_visible_devices([mine], "GPU")
-        tf.config.experimental.set_memory_growth(mine, True)
-        device = f"GPU:0 ({mine.name})"
+    mine = gpus[env.local_rank % len(gpus)] if gpus else None
+    try:
+        if threads:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
+        if mine is not None:  # one GPU per worker on its machine, grown as needed (torch stays on the CPU)
+            tf.config.set_visible_devices([mine], "GPU")
+            tf.config.experimental.set_memory_growth(mine, True)
+    except RuntimeError:
+        # TF already runs in this process (the in-process engine, a second job from a notebook):
+        # its threads and devices are set for good; training goes on with them.
+        log.info("TensorFlow was already initialized in this process: its threads and devices are kept")
+    device = f"GPU:0 ({mine.name})" if mine is not None else "CPU"
     if deterministic:
         tf.config.experimental.enable_op_determinism()
     import keras
