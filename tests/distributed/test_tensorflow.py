@@ -186,7 +186,9 @@ def test_tune_searches_a_tensorflow_job(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
     rows = {row["config"]["optim.lr"]: row for row in summary["trials"]}
-    assert sorted(rows) == [1.0e-7, 0.03] and all(row["status"] == "finished" for row in rows.values())
+    assert sorted(rows) == [1.0e-7, 0.03] and rows[0.03]["status"] == "finished"
+    # The learning rate that does not learn is behind at the first evaluation: the scheduler may end it there.
+    assert rows[1.0e-7]["status"] in ("finished", "pruned") and rows[1.0e-7]["metric"] < rows[0.03]["metric"]
     assert summary["best"]["config"]["optim.lr"] == 0.03
     best_job = yaml.safe_load(Path(summary["best_job"]).read_text())
     assert (best_job["optim"]["lr"], best_job["task"]["framework"]) == (0.03, "tensorflow")
