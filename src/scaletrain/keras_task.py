@@ -21,25 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from scaletrain.errors import TaskError
-from scaletrain.task import check_task_args, resolve_task_factory
+from scaletrain.task import build_task
 
 __all__ = ["build_keras_task", "build_keras_model", "LossAndMetrics", "loss_and_metrics", "as_dataset"]
 
 
 def build_keras_task(target: str, args: Mapping[str, Any], search_path: Sequence[str] = ()) -> Any:
-    factory = resolve_task_factory(target, search_path)
-    check_task_args(factory, args, target)
-    task = factory(**dict(args))
-    missing = [name for name in ("build_model", "train_dataset") if not callable(getattr(task, name, None))]
-    if not callable(getattr(task, "loss", None)) and not callable(getattr(task, "compile_args", None)):
-        missing.append("loss")
-    if missing:
-        raise TaskError(
-            f"task '{target}' returned {type(task).__name__}, which lacks "
-            f"{', '.join(m + '()' for m in missing)}; a TensorFlow task has build_model(), "
-            "train_dataset() and loss() (or compile_args())"
-        )
-    return task
+    return build_task(target, args, search_path, required=("build_model", "train_dataset", ("loss", "compile_args")),
+                      see="a TensorFlow task has build_model(), train_dataset() and loss() (or compile_args())")
 
 
 def build_keras_model(task: Any, features: Any) -> tuple[Any, Any]:

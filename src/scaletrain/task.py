@@ -265,16 +265,19 @@ def check_task_args(factory: Callable[..., Any], args: Mapping[str, Any], target
         raise TaskError(f"task.args do not fit {target}{signature}: {exc}") from None
 
 
-def build_task(target: str, args: Mapping[str, Any], search_path: Sequence[str] = ()) -> Any:
-    """Resolve, call and check a task. Raises TaskError for anything the user must fix."""
+def build_task(target: str, args: Mapping[str, Any], search_path: Sequence[str] = (),
+               required: Sequence[str | tuple[str, ...]] = REQUIRED_METHODS, see: str = "see scaletrain.Task") -> Any:
+    """Resolve, call and check a task. Raises TaskError for anything the user must fix.
+    ``required``: method names, or tuples of names any one of which will do."""
     factory = resolve_task_factory(target, search_path)
     check_task_args(factory, args, target)
     task = factory(**dict(args))
-    missing = [name for name in REQUIRED_METHODS if not callable(getattr(task, name, None))]
+    alternatives = [(name,) if isinstance(name, str) else name for name in required]
+    missing = [names[0] for names in alternatives if not any(callable(getattr(task, n, None)) for n in names)]
     if missing:
         raise TaskError(
             f"task '{target}' returned {type(task).__name__}, which lacks "
-            f"{', '.join(m + '()' for m in missing)}; see scaletrain.Task"
+            f"{', '.join(m + '()' for m in missing)}; {see}"
         )
     return task
 

@@ -77,8 +77,8 @@ class KerasState:
             for name, entry in hash_files(local, sorted(files)).items():
                 if entry != files[name]:
                     raise CheckpointRefused(f"{name} changed since it was verified")
-        file_path(local, TF_INDEX_FILE)
-        status = self.checkpoint.read(str(local / _PREFIX))
+        index = file_path(local, TF_INDEX_FILE)  # refused if it leads out of the folder
+        status = self.checkpoint.read(str(index.with_suffix("")))
         try:
             status.assert_existing_objects_matched()
         except AssertionError as exc:
