@@ -9,7 +9,8 @@ import sys
 import textwrap
 import time
 
-from scaletrain.recovery.watchdog import grace_s
+from scaletrain.recovery.root_cause import holds_hang
+from scaletrain.recovery.watchdog import RESUMED_MARK, grace_s
 
 HANGS = textwrap.dedent(
     """
@@ -51,3 +52,29 @@ def test_a_process_holding_the_gil_is_ended_too(tmp_path):
     # A C call that never releases the GIL: no Python thread could end this process.
     dumped, ended, code = _watch(tmp_path, "import re; re.match(r'(a+)+$', 'a' * 40 + 'b')")
     assert code == -signal.SIGALRM and ended < 1.0 + grace_s(1.0) + 5, (dumped, ended)
+
+
+def test_a_slow_rank_that_goes_on_is_not_a_hang(tmp_path):
+    # Dumped at 1 s, re-armed at 1.6 s (inside the 2 s grace): it lives, and its dump is marked.
+    stacks = tmp_path / "worker-0.stacks.txt"
+    slow = textwrap.dedent(
+        """
+        import logging, sys, time
+        from scaletrain.recovery.watchdog import Watchdog
+        logging.basicConfig()
+        watchdog = Watchdog(1.0, sys.argv[1])
+        watchdog.arm()
+        time.sleep(1.6)
+        watchdog.arm()
+        watchdog.close()
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", slow, str(stacks)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    text = stacks.read_text()
+    assert "Timeout (0:00:01)!" in text and RESUMED_MARK in text.rsplit("Timeout (", 1)[-1]
+    assert "then this rank went on" in done.stderr
+    assert not holds_hang(stacks, {})
+    # A dump with no resumption after it is a hang.
+    _watch(tmp_path, "time.sleep(60)")
+    assert holds_hang(stacks, {})

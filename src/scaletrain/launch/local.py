@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -23,7 +24,7 @@ from scaletrain.errors import RunInterrupted, StopTimedOut
 from scaletrain.launch.base import Launcher, checked_result
 from scaletrain.launch.rendezvous import Rendezvous
 from scaletrain.launch.rendezvous import register as register_rendezvous
-from scaletrain.recovery.root_cause import failure_files, worker_error
+from scaletrain.recovery.root_cause import failure_files, holds_hang, worker_error
 from scaletrain.rundir import RESTART_COUNT_ENV, RunSpec
 from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.tracking.logs import route_loggers_to_file
@@ -160,7 +161,7 @@ def _attempt_logs(spec: RunSpec, host_store_for_workers: bool = False) -> Any:
                 # rank killed outright leaves its own behind).
                 failed = sorted({int(path.rsplit("worker-", 1)[1].split(".")[0]) for path, state in now.items()
                                  if self.earlier.get(path) != state
-                                 and (path.endswith(".error.json") or state[2] > 0)})
+                                 and (path.endswith(".error.json") or holds_hang(Path(path), self.earlier))})
                 if failed:
                     # A rank that left no file died outright (SIGKILL, the OOM killer): when the
                     # others only lost their peer, it is the cause.

@@ -13,9 +13,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from scaletrain.errors import WorkerFailedError
+from scaletrain.recovery.watchdog import RESUMED_MARK
 from scaletrain.rundir import RunSpec
 
-__all__ = ["worker_error", "failure_files", "FileState"]
+__all__ = ["worker_error", "failure_files", "FileState", "holds_hang"]
 
 # A file's identity: a rewrite (atomic rename: a new inode) or an append changes it.
 FileState = tuple[int, int, int]
@@ -132,14 +133,23 @@ def _last_heard(spec: RunSpec, rank: int) -> float:
         return float("inf")
 
 
+def holds_hang(path: Any, earlier: dict[str, FileState]) -> bool:
+    """Whether a stacks file holds a hang of this attempt: a dump written since ``earlier`` that
+    its rank did not go on from (a slow rank's dump is marked resumed by the watchdog)."""
+    state = _state(path)
+    if state is None or state[2] == 0 or _earlier(path, earlier):
+        return False
+    try:
+        with open(path, "rb") as file:
+            file.seek(max(0, state[2] - 512))
+            tail = file.read().decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    return RESUMED_MARK not in tail.rsplit("Timeout (", 1)[-1]
+
+
 def _hung_ranks(spec: RunSpec, ranks: Iterable[int], earlier: dict[str, FileState]) -> list[int]:
-    found = []
-    for rank in ranks:
-        path = spec.worker_stacks(rank)
-        state = _state(path)
-        if state is not None and state[2] > 0 and not _earlier(path, earlier):
-            found.append(rank)
-    return found
+    return [rank for rank in ranks if holds_hang(spec.worker_stacks(rank), earlier)]
 
 
 # A thread that trains: the loop, or a runner (the rest are helpers: tracking, checkpoint writers).

@@ -6,17 +6,28 @@ ends a grace period later, by the kernel's SIGALRM (no GIL needed either): a han
 leaves its peers waiting in a collective, all armed at the same check; were the first to time out
 to exit at once, the launcher would stop the others before they dump, and half the time the hung
 rank's stacks, the ones that matter, would be lost.
+
+A rank that was only slow (a set-up phase on a loaded machine) re-arms after its dump but before
+the grace period ends: it goes on, and the dump is marked as resumed (``RESUMED_MARK``) and said
+in its log, so that a later failure is never blamed on a hang that did not happen.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import logging
+import os
 import signal
 import time
 from pathlib import Path
 from typing import IO
 
-__all__ = ["Watchdog", "grace_s"]
+__all__ = ["Watchdog", "grace_s", "RESUMED_MARK"]
+
+log = logging.getLogger(__name__)
+
+# Appended after a dump when the rank went on (see is_hang_dump in recovery/root_cause.py).
+RESUMED_MARK = "Resumed: this rank made progress again after the dump above (slow, not hung)."
 
 
 class Watchdog:
@@ -30,6 +41,7 @@ class Watchdog:
         self._file: IO[str] | None = None
         self._armed_at = 0.0
         self._alarm = False
+        self._size = 0  # of the stacks file when last armed: a dump since makes it grow
 
     def arm(self) -> None:
         if self._file is None:
@@ -38,10 +50,24 @@ class Watchdog:
             # SIGALRM's default action ends the process; a handler someone installed (Python's
             # would need the GIL) means it might not, so then faulthandler ends it, at once.
             self._alarm = signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+        elif time.monotonic() - self._armed_at > self.timeout_s:
+            self._went_on()
         faulthandler.dump_traceback_later(self.timeout_s, exit=not self._alarm, file=self._file)
         if self._alarm:
             signal.setitimer(signal.ITIMER_REAL, self.timeout_s + grace_s(self.timeout_s))
         self._armed_at = time.monotonic()
+        self._size = os.fstat(self._file.fileno()).st_size
+
+    def _went_on(self) -> None:
+        """Re-armed after the deadline: if the dump was written, this rank was slow, not hung."""
+        assert self._file is not None  # noqa: S101
+        if os.fstat(self._file.fileno()).st_size <= self._size:
+            return  # faulthandler's thread had not fired yet
+        late = time.monotonic() - self._armed_at
+        self._file.write(f"{RESUMED_MARK} ({late:.1f} s without progress)\n\n")
+        self._file.flush()
+        log.warning("no progress for %.1f s (over hang_timeout_s, %g s), then this rank went on; the stacks "
+                    "dumped meanwhile show where it was slow: %s", late, self.timeout_s, self.stacks_path)
 
     def pet(self) -> None:
         """Re-arm, at most every ``rearm_every_s`` (re-arming starts a C thread)."""
