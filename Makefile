@@ -9,15 +9,26 @@ TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench gpu-check gpu-wheels venv clean
+.PHONY: run test tools bench gpu-check gpu-wheels venv clean
 
 run: $(STAMP)
 	$(BIN)/scaletrain run examples/digits.yaml
 
-test: $(STAMP)
+test: $(STAMP) tools
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy src
 	$(BIN)/python -m pytest tests --cov --cov-report=term
+
+# The Debian tools the tests run for real (prometheus, with promtool): installed when missing if
+# this is root with apt-get (CI); elsewhere their tests skip, naming the package (under CI=true a
+# missing tool fails them).
+DEBIAN_TOOLS := prometheus
+tools:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian packages: $(DEBIAN_TOOLS)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEBIAN_TOOLS) >/dev/null; \
+	  else echo "missing Debian packages: $(DEBIAN_TOOLS) (their tests are skipped; CI=true fails them)"; fi; }
 
 # scaletrain against the raw tools (minutes; `make bench ARGS=--full` for the long run):
 # bench/results/latest/ (summary.json, one file per bench), docs/benchmarks.md, docs/benchmarks.png

@@ -13,6 +13,7 @@ from typing import Any
 from scaletrain.config import job_to_yaml, load_job, parse_job
 from scaletrain.config.schema import JobConfig
 from scaletrain.errors import RunInterrupted, RunPreempted, ScaletrainError
+from scaletrain.observe.exporter import observed
 from scaletrain.rundir import JOB_FILE, LOGS_DIR, RUN_CARD_FILE, SUMMARY_FILE, TRACKING_TAGS_ENV, WEIGHTS_FILE
 from scaletrain.tracking.logs import LAUNCHER_LOGGER_NAME, LogContext, setup_logging
 from scaletrain.tracking.redact import Redactor
@@ -187,7 +188,8 @@ def _launch(
     for note in notes:  # on the console and in launcher.jsonl
         logging.getLogger(LAUNCHER_LOGGER_NAME).warning("%s", note)
     try:
-        return _run_attempt(config, spec, launcher, started_at, tracking_tags)
+        with observed(config, spec, launcher.name, logging.getLogger(f"{LAUNCHER_LOGGER_NAME}.metrics")) as endpoint:
+            return _run_attempt(config, spec, launcher, started_at, tracking_tags, endpoint)
     finally:
         undo_logging()
         if rendezvous is not None:
@@ -244,8 +246,10 @@ def preflight(
 
 
 def _run_attempt(
-    config: JobConfig, spec: Any, launcher: Any, started_at: float, tracking_tags: dict | None
+    config: JobConfig, spec: Any, launcher: Any, started_at: float, tracking_tags: dict | None,
+    endpoint: Any = None,
 ) -> dict[str, Any]:
+    from scaletrain.observe.telemetry import current as telemetry
 
     run_dir = Path(spec.run_dir)
     spec.write()  # what the workers, the metric shipper and `scaletrain resume` start from
@@ -269,6 +273,10 @@ def _run_attempt(
     }
     if config.scale.node_range[1] > 1:
         summary["node_rank"] = spec.node_rank
+    if endpoint is not None:
+        summary["metrics_url"] = endpoint.url
+    telemetry().work("attempt", 1)
+    telemetry().flush(force=True)
     try:
         # The local engine starts this node's share of the workers; Ray places all of them.
         result = launcher.launch(spec, config.scale.workers_per_node if config.scale.engine == "local"
@@ -281,6 +289,9 @@ def _run_attempt(
             error=str(exc) or type(exc).__name__,
             wall_time_s=round(time.time() - started_at, 3),
         )
+        if not interrupted:
+            telemetry().add("errors_total", 1, "attempt")
+            telemetry().flush(force=True)
         if isinstance(exc, RunPreempted):
             summary.update(steps=exc.step, checkpoint_step=exc.checkpoint_step)
         elif (steps := getattr(exc, "steps", None)) is not None:  # a failed rank said how far it got

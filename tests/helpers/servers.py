@@ -221,3 +221,50 @@ class RayHead:
 def _ray_version() -> tuple[int, int]:
     major, minor = importlib.metadata.version("ray").split(".")[:2]
     return int(major), int(minor)
+
+
+def require_tool(name: str, package: str) -> str:
+    """The path of a command-line tool the test needs: missing under CI=true is a failure (make
+    test installs it), elsewhere a skip that names the package."""
+    import pytest
+
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is missing: install Debian's {package} package (make test does, as root)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+class PrometheusServer(_LoopbackServer):
+    """A real Prometheus on 127.0.0.1 scraping ``targets`` every second and evaluating
+    ``rule_files`` every second, its data in ``root``."""
+
+    name = "prometheus"
+    log_name = "prometheus.log"
+    health_path = "/-/ready"
+
+    def __init__(self, root: Path, targets: list[str], rule_files: list[Path], port: int | None = None):
+        super().__init__(root, port)
+        self.targets, self.rule_files = targets, rule_files
+
+    def command(self) -> list[str]:
+        import json
+
+        config = self.root / "prometheus.yml"
+        config.write_text(json.dumps({  # YAML is a superset of JSON
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(path) for path in self.rule_files],
+            "scrape_configs": [{"job_name": "train", "static_configs": [{"targets": self.targets}]}],
+        }))
+        return [require_tool("prometheus", "prometheus"), f"--config.file={config}",
+                f"--storage.tsdb.path={self.root / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.port}"]
+
+    def api(self, path: str, **params: str) -> dict:
+        import json
+        import urllib.parse
+
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}{query}", timeout=10) as response:
+            return json.loads(response.read())

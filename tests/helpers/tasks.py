@@ -34,6 +34,9 @@ class ToyTask(scaletrain.Task):
         api_token: str | None = None,
         fail_once_marker: str | None = None,
         wait_for: str | None = None,
+        nan_steps: list[int] | None = None,
+        bad_every: int | None = None,
+        bad_log: str | None = None,
     ):
         generator = torch.Generator().manual_seed(42)
         x = torch.randn(samples + eval_samples, dim, generator=generator)
@@ -49,6 +52,9 @@ class ToyTask(scaletrain.Task):
         self.step_sleep = step_sleep
         self.fail_once_marker = fail_once_marker  # fail only while this file does not exist
         self.wait_for = wait_for  # a glob: the first step waits until a file matches it
+        self.nan_steps = set(nan_steps or ())  # training steps (1-based) whose loss is NaN
+        if bad_every:  # every bad_every-th sample raises (its index logged to bad_log)
+            self.train = RaisingDataset(self.train, bad_every, bad_log)
         if pid_dir:
             Path(pid_dir, f"{os.getpid()}.pid").write_text(str(os.getpid()))
 
@@ -89,7 +95,27 @@ class ToyTask(scaletrain.Task):
         loss = nn.functional.cross_entropy(logits, y)
         if self.nan_at_step is not None and self.calls > self.nan_at_step:
             loss = loss * float("nan")
+        if model.training and self.calls in self.nan_steps:
+            loss = loss * float("nan")
         return loss, {"accuracy": accuracy}
+
+
+class RaisingDataset(Dataset):
+    """A dataset with corrupt samples: every ``every``-th index raises."""
+
+    def __init__(self, inner: Dataset, every: int, log: str | None):
+        self.inner, self.every, self.log = inner, every, log
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int):
+        if index % self.every == 0:
+            if self.log:
+                with open(self.log, "a", encoding="utf-8") as file:
+                    file.write(f"{index}\n")
+            raise ValueError(f"corrupt record {index}")
+        return self.inner[index]
 
 
 def _wait_for(pattern: str, timeout_s: float = 120) -> None:

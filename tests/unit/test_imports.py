@@ -56,7 +56,7 @@ def test_config_and_cli_do_not_import_torch():
 # on lower floors, lazily or not.
 FLOORS = [
     {"errors", "quick_exit"},
-    {"rundir", "config", "task"},
+    {"rundir", "config", "task", "observe"},
     {"distributed", "data", "keras_task"},
     {"strategies", "checkpoint", "tracking"},
     {"plan"},

@@ -49,6 +49,7 @@ from scaletrain.checkpoint.storage import (
 )
 from scaletrain.distributed import collectives
 from scaletrain.errors import ScaletrainError
+from scaletrain.observe.telemetry import current as telemetry
 from scaletrain.rundir import CHECKPOINT_CACHE_DIR
 
 __all__ = ["CheckpointManager", "Restored", "TRAINER_STATE_FILE", "CheckpointError"]
@@ -135,6 +136,15 @@ class CheckpointManager:
         """Write a checkpoint of ``step``: ``training_state`` through DCP, ``trainer_state`` as
         trainer.json. Synchronous unless async_save; every rank calls it. A failure anywhere is
         a warning on every rank (see the module's docstring)."""
+        started = time.perf_counter()
+        try:
+            self._save(step, training_state, trainer_state, metrics)
+        finally:
+            if self.rank == 0:  # the training thread's stall for this save
+                telemetry().observe("checkpoint_save_seconds", time.perf_counter() - started)
+
+    def _save(self, step: int, training_state: TrainingState, trainer_state: dict[str, Any],
+              metrics: dict[str, float]) -> None:
         self.wait_pending()
         name = checkpoint_name(step)
         staging = self.storage.staging_dir(name, self.scratch_dir)
@@ -168,6 +178,7 @@ class CheckpointManager:
             assert self._jobs is not None  # noqa: S101  an invariant: set when async saves start
             self._jobs.put((pending, staged))
         self._pending = pending
+        telemetry().set("checkpoint_writes_pending", 1)
 
     def _prepare(self, step: int, staging: Path, trainer_state: dict[str, Any]) -> None:
         """Rank 0: clear what earlier saves left, and write the trainer's state."""
@@ -191,6 +202,8 @@ class CheckpointManager:
     def _save_failed(self, name: str, why: str) -> None:
         """The warning for a save that failed: its reason on the rank it failed on, a pointer
         from rank 0 when that was another."""
+        if self.rank == 0:
+            telemetry().work("checkpoint_save", 1, errors=1)
         if why:
             log.warning("saving checkpoint %s failed: %s; the run goes on without it",
                         self.storage.describe(name), why)
@@ -248,6 +261,7 @@ class CheckpointManager:
         if pending is None:
             return
         pending.done.wait()
+        telemetry().set("checkpoint_writes_pending", 0)
         entries = _failure(pending.error) if pending.error is not None else pending.entries or {}
         self._commit(pending.name, pending.step, pending.staging, pending.metrics, entries)
 
@@ -282,6 +296,10 @@ class CheckpointManager:
             self._save_failed(name, _failure(exc))
             return
         self.last_saved_step = step
+        figures = telemetry()
+        figures.work("checkpoint_save", 1)
+        figures.set("last_checkpoint_step", step)
+        figures.set("last_checkpoint_timestamp_seconds", time.time())
         self._apply_retention()
 
     def _write_manifest(self, name: str, step: int, staging: Path, metrics: dict[str, float],
@@ -373,6 +391,14 @@ class CheckpointManager:
         verifies it against that manifest into its machine's cache (no machine reads another's
         disk); then every rank loads its part through DCP.
         """
+        started = time.perf_counter()
+        restored = self._restore_latest(training_state)
+        if restored is not None and self.rank == 0:
+            telemetry().set("checkpoint_restore_seconds", time.perf_counter() - started)
+            telemetry().set("last_checkpoint_step", restored.step)
+        return restored
+
+    def _restore_latest(self, training_state: TrainingState) -> Restored | None:
         choice = self._pick_verified(training_state) if self.rank == 0 else None
         choice = collectives.broadcast_object(choice, 0, self.group)
         if choice is None:

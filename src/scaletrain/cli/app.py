@@ -48,6 +48,12 @@ EngineOpt = Annotated[
     Optional[Engine],
     typer.Option("--engine", help="who starts the workers (sets scale.engine)", show_default=False),
 ]
+MetricsPortOpt = Annotated[
+    Optional[int],
+    typer.Option("--metrics-port", help="serve the job's live figures for Prometheus on this port "
+                 "(sets observability.port; default: a free one, said in the log)", min=0, max=65535,
+                 show_default=False),
+]
 AddressOpt = Annotated[
     Optional[str],
     typer.Option(
@@ -59,9 +65,12 @@ AddressOpt = Annotated[
 ]
 
 
-def scale_overrides(set_: list[str] | None, engine: Engine | None, address: str | None) -> list[str]:
-    """The --set overrides, with --engine and --address turned into the keys they set."""
+def scale_overrides(set_: list[str] | None, engine: Engine | None, address: str | None,
+                    metrics_port: int | None = None) -> list[str]:
+    """The --set overrides, with --engine, --address and --metrics-port turned into the keys they set."""
     overrides = list(set_ or [])
+    if metrics_port is not None:
+        overrides.append(f"observability.port={metrics_port}")
     if engine:
         overrides.append(f"scale.engine={engine.value}")
     if address:

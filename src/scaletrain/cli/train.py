@@ -16,6 +16,7 @@ from scaletrain.cli.app import (
     AddressOpt,
     EngineOpt,
     JobArg,
+    MetricsPortOpt,
     OutcomeJsonOpt,
     SetOpt,
     app,
@@ -51,6 +52,7 @@ def run(
     nodes: NodesOpt = None,
     node_rank: NodeRankOpt = 0,
     rdzv_endpoint: RdzvEndpointOpt = None,
+    metrics_port: MetricsPortOpt = None,
     as_json: OutcomeJsonOpt = False,
     preflight: Annotated[bool, typer.Option(
         "--preflight", help="only the pre-flight checks (as `scaletrain check`): train nothing")] = False,
@@ -59,7 +61,7 @@ def run(
     started_at = time.time()
     from scaletrain.api import run as run_job
 
-    overrides = scale_overrides(set_, engine, address)
+    overrides = scale_overrides(set_, engine, address, metrics_port)
     if nodes:
         overrides.append(f"scale.nodes={json.dumps(nodes)}")
     if rdzv_endpoint:
@@ -84,13 +86,14 @@ def resume(
     set_: SetOpt = None,
     engine: EngineOpt = None,
     address: AddressOpt = None,
+    metrics_port: MetricsPortOpt = None,
     as_json: OutcomeJsonOpt = False,
 ) -> None:
     """Continue a stopped, failed or preempted run from its newest verified checkpoint."""
     started_at = time.time()
     from scaletrain.api import resume as resume_run
 
-    overrides = scale_overrides(set_, engine, address)
+    overrides = scale_overrides(set_, engine, address, metrics_port)
     _run_and_report(lambda: resume_run(target, overrides, started_at=started_at), as_json)
 
 

@@ -259,6 +259,10 @@ class DataConfig(Section):
         0, description="DataLoader worker processes per training worker"
     )
     shuffle: bool = Field(True, description="reshuffle every epoch (seeded)")
+    on_error: Literal["stop", "skip"] = Field(
+        "stop", description="a sample whose dataset raises: stop the run, or skip: leave it out of its "
+        "batch, counted (errors_total{kind=\"sample\"}) and said in the log"
+    )
 
 
 class OptimConfig(Section):
@@ -280,6 +284,10 @@ class TrainConfig(Section):
     precision: Literal["fp32", "bf16"] = "fp32"
     eval_every: Steps | None = Field(None, description="evaluate every N steps (and at the end)")
     log_every: Steps = Field(10, description="report train metrics every N steps")
+    nonfinite: Literal["stop", "skip"] = Field(
+        "stop", description="a non-finite loss or gradient: stop the run, or skip: no update for that "
+        "step, counted (errors_total{kind=\"step\"}) and said (one host sync a step to decide)"
+    )
 
     @model_validator(mode="after")
     def _one_length(self) -> TrainConfig:
@@ -534,6 +542,20 @@ class RecoveryConfig(Section):
     )
 
 
+class ObservabilityConfig(Section):
+    """The job's live figures on a Prometheus endpoint served by the launcher
+    (docs/observability.md; alert rules and a dashboard in deploy/)."""
+
+    enabled: bool = Field(True, description="serve the job's live figures for Prometheus")
+    host: str = Field(
+        "127.0.0.1", description="the endpoint's address; another one (0.0.0.0) lets other machines "
+        "scrape it: it has no authentication, so keep it behind your network's rules"
+    )
+    port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        0, description="the endpoint's port; 0: a free one, said in the launcher's log and summary.json"
+    )
+
+
 class JobConfig(Section):
     """A whole training job, as written in a YAML job file."""
 
@@ -556,6 +578,7 @@ class JobConfig(Section):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
+    observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
     seed: Seed = 0
     deterministic: bool = Field(False, description="use deterministic kernels (slower)")
     run_dir: str = Field("runs", description="where run directories are created")
@@ -632,6 +655,11 @@ class JobConfig(Section):
             "is not supported for TensorFlow jobs yet; raise data.batch_size or scale.workers instead",
             "data.loader_workers": self.data.loader_workers != 0 and
             "starts PyTorch DataLoader processes; a TensorFlow job reads through tf.data (remove it)",
+            "train.nonfinite": train.nonfinite != "stop" and
+            "skip is not supported for TensorFlow jobs yet; remove it (a non-finite loss stops the run)",
+            "data.on_error": self.data.on_error != "stop" and
+            "skip is not supported for TensorFlow jobs yet (their data is a tf.data pipeline: use "
+            "its ignore_errors()); remove it",
             "checkpoint.async_save": self.checkpoint.async_save and
             "is not supported for TensorFlow jobs yet (their checkpoints are written by TF, "
             "synchronously); set it to false",

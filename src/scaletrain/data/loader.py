@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from scaletrain.data.sampler import DataLayout, GlobalBatchSampler, SeededDataset, shard_indices
+from scaletrain.data.skipping import SkippingDataset, counted_batches, skipping_collate
 
 __all__ = ["train_loader", "eval_loader"]
 
@@ -24,18 +25,23 @@ def train_loader(
     loader_workers: int,
     collate: Callable[[list[Any]], Any] | None,
     pin_memory: bool = False,
-) -> DataLoader:
+    skip_errors: bool = False,
+) -> Iterable[Any]:
+    """The batches of this rank from ``start_step``; ``skip_errors`` (data.on_error: skip): a
+    sample whose dataset raises is left out of its batch and counted (data/skipping.py)."""
     sampler = GlobalBatchSampler(
         layout, rank=rank, seed=seed, shuffle=shuffle, start_step=start_step, stop_step=stop_step
     )
-    return DataLoader(
-        SeededDataset(dataset),
+    collate = collate or default_collate
+    loader = DataLoader(
+        SeededDataset(SkippingDataset(dataset) if skip_errors else dataset),
         batch_sampler=sampler,
         num_workers=loader_workers,
-        collate_fn=collate or default_collate,
+        collate_fn=skipping_collate(collate) if skip_errors else collate,
         pin_memory=pin_memory,
         persistent_workers=loader_workers > 0,
     )
+    return counted_batches(loader) if skip_errors else loader
 
 
 def eval_loader(

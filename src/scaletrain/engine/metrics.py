@@ -1,6 +1,7 @@
 """The loop's numbers between reports: each step's loss and metrics stay on the device until the
 console cadence (or anything that shows them) is due, then one all-reduce and one host copy
-report every pending step at once. A non-finite loss stops the run here, naming the step."""
+report every pending step at once. A non-finite loss stops the run here, naming the step
+(unless train.nonfinite: skip, where the trainer has already left that step's update out)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ class MetricsWindow:
     data_wait: float = 0.0  # seconds waited for data since the loop started
     data_wait_at_start: float = 0.0
     pending: list[_Pending] = field(default_factory=list)
+    stop_on_nonfinite: bool = True  # train.nonfinite: skip reports the step's NaN instead
 
     def add(self, out: StepOutput, step: int) -> None:
         self.data_wait += out.data_wait
@@ -81,7 +83,7 @@ class MetricsWindow:
         reports: list[StepReport] = []
         for index, p in enumerate(pending):
             loss = values[index][0]
-            if not math.isfinite(loss):
+            if not math.isfinite(loss) and self.stop_on_nonfinite:
                 raise TrainingDiverged(
                     f"the loss became {loss} at step {p.step}; lower optim.lr, add warmup "
                     "(optim.warmup_steps) or set train.clip_grad_norm"

@@ -36,6 +36,7 @@ from scaletrain.engine.schedule import LRSchedule, build_scheduler
 from scaletrain.engine.state_bytes import measure_state_bytes
 from scaletrain.engine.weights import state_dict_sha256
 from scaletrain.errors import ScaletrainError
+from scaletrain.observe.telemetry import current as telemetry
 from scaletrain.strategies import get_strategy
 from scaletrain.strategies.activation_checkpoint import checkpoint_blocks
 from scaletrain.strategies.blocks import find_blocks
@@ -98,6 +99,7 @@ class Trainer:
         self.final_state: dict[str, torch.Tensor] | None = None  # rank 0, once fit ends
         self._state_logged = False
         self._steps_run = 0  # by this process (a resumed run counts from its restore)
+        self._skipped_updates, self._skip_said_at = 0, -30.0  # train.nonfinite: skip
         self.optimizer = build_optimizer(self.strategy.unwrap(self.model), job.optim, self.strategy)
 
         self.train_set = task.train_dataset()
@@ -153,12 +155,13 @@ class Trainer:
             loader_workers=self.job.data.loader_workers,
             collate=self.collate,
             pin_memory=self.device.type == "cuda",
+            skip_errors=self.job.data.on_error == "skip",
         )
         batches = iter(loader)
         result = TrainResult(steps=self.step, resumed_from_step=self.resumed_from_step,
                              strategy=self.job.scale.resolved_strategy)
         self.reporter.on_start(total_steps=self.max_steps, start_step=self.step)
-        window = MetricsWindow(time.perf_counter(), self.step)
+        window = MetricsWindow(time.perf_counter(), self.step, stop_on_nonfinite=train.nonfinite == "stop")
         recent: deque[float] = deque(maxlen=_STEP_TIMES_KEPT)
         self.model.train()
         if self.device.type == "cuda":  # training's peak, not building or restoring's
@@ -280,7 +283,16 @@ class Trainer:
         elif report:
             grad_norm = self.strategy.grad_norm(self.model)
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        if self.job.train.nonfinite == "skip":
+            grad_norm = grad_norm if grad_norm is not None else self.strategy.grad_norm(self.model)
+            # The gradients' norm is the same on every rank (after their all-reduce), and a
+            # non-finite loss makes it non-finite too: every rank decides alike, no collective.
+            if not torch.isfinite(grad_norm).item():
+                self._skip_update()
+            else:
+                self.optimizer.step()
+        else:
+            self.optimizer.step()
         self.scheduler.step()
         self._steps_run += 1
         # Once, after the second step (or the last, if sooner): what this rank holds and its
@@ -304,6 +316,18 @@ class Trainer:
             data_wait=data_wait,
             report=report,
         )
+
+    def _skip_update(self) -> None:
+        """train.nonfinite: skip: no update from this step's gradients (dropped with zero_grad),
+        counted for the error rate and said (the first, then at most every 30 s)."""
+        self._skipped_updates += 1
+        if self.env.is_main:
+            telemetry().add("errors_total", 1, "step")
+        now = time.monotonic()
+        if now - self._skip_said_at >= 30.0:
+            self._skip_said_at = now
+            log.warning("step %d: non-finite loss or gradient, update skipped (train.nonfinite: skip; %d so far)",
+                        self.step + 1, self._skipped_updates, extra={"skipped_updates": self._skipped_updates})
 
     def run_eval(self) -> dict[str, float]:
         self._pet_watchdog()

@@ -24,6 +24,7 @@ from scaletrain.errors import RunInterrupted, StopTimedOut
 from scaletrain.launch.base import Launcher, checked_result
 from scaletrain.launch.rendezvous import Rendezvous
 from scaletrain.launch.rendezvous import register as register_rendezvous
+from scaletrain.observe.telemetry import current as telemetry
 from scaletrain.recovery.root_cause import failure_files, holds_hang, worker_error
 from scaletrain.rundir import RESTART_COUNT_ENV, RunSpec
 from scaletrain.rundir.atomic import write_text_atomic
@@ -156,6 +157,11 @@ def _attempt_logs(spec: RunSpec, host_store_for_workers: bool = False) -> Any:
             for env in envs.values():
                 env[RESTART_COUNT_ENV] = str(self.starts)
             now = failure_files(spec)
+            if self.starts:  # a restart, after a failure: for the metrics endpoint
+                figures = telemetry()
+                figures.add("restarts_total")
+                figures.work("attempt", 1, errors=1)
+                figures.flush(force=True)
             if self.starts:  # a restart: say why, where the user looks (launcher.jsonl)
                 # An error, or a hang's stacks (a watchdog's empty stacks file is no failure: a
                 # rank killed outright leaves its own behind).

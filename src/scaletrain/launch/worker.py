@@ -29,6 +29,8 @@ from scaletrain.distributed.device import (
 from scaletrain.distributed.env import DistEnv
 from scaletrain.distributed.process_group import process_group
 from scaletrain.engine.control import Control
+from scaletrain.observe.telemetry import Telemetry
+from scaletrain.observe.telemetry import install as install_telemetry
 from scaletrain.recovery.attempts import restart_count, write_error
 from scaletrain.recovery.faults import FaultPlan, deny_writes
 from scaletrain.recovery.signals import StopRequest
@@ -70,7 +72,11 @@ def run_worker(
     redactor = Redactor.for_config(spec.job)
     undo_logging = setup_logging(context, spec.worker_log(env.rank), redactor=redactor)
     console = console if env.is_main else None
-    reporter = worker_reporter(spec, job, context, env.is_main, console)
+    # This rank's share of the job's live figures, for the launcher's metrics endpoint.
+    telemetry = Telemetry(spec.telemetry_dir / f"rank-{env.rank}.json" if job.observability.enabled else None,
+                          {"rank": str(env.rank)})
+    previous_telemetry = install_telemetry(telemetry)
+    reporter = worker_reporter(spec, job, context, env.is_main, console, telemetry, env.world_size)
     relay = getattr(console, "log_handler", None)
     if relay is not None:
         logging.getLogger(LOGGER_NAME).addHandler(relay)
@@ -128,6 +134,8 @@ def run_worker(
         restore_signals()
         watchdog.close()
         reporter.on_end()
+        telemetry.flush(force=True)
+        install_telemetry(previous_telemetry)
         if relay is not None:
             logging.getLogger(LOGGER_NAME).removeHandler(relay)
         undo_logging()

@@ -20,6 +20,7 @@ from scaletrain.rundir.names import (
     LOGS_DIR,
     NODE_RESULT_FILE,
     SPEC_FILE,
+    TELEMETRY_DIR,
     worker_error_name,
     worker_log_name,
     worker_stacks_name,
@@ -88,6 +89,10 @@ class RunSpec:
 
     def worker_stacks(self, rank: int) -> Path:
         return self.logs_dir / worker_stacks_name(rank)
+
+    @property
+    def telemetry_dir(self) -> Path:
+        return self.logs_dir / TELEMETRY_DIR
 
     def worker_result(self) -> Path:
         """This node's result, written by its first worker (rank 0's on the driver)."""

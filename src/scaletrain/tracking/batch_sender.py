@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from scaletrain.observe.telemetry import current as telemetry
 from scaletrain.tracking.journal import MetricJournal, MetricPoint
 
 __all__ = ["MetricSender", "MAX_METRICS_PER_BATCH"]
@@ -53,7 +54,10 @@ class MetricSender:
     def submit(self, points: list[MetricPoint]) -> None:
         with self._cond:
             self._queue.extend(points)
+            backlog = len(self._queue)
             self._cond.notify()
+        telemetry().set("metrics_backlog_points", backlog)
+        telemetry().flush()
 
     def close(self, timeout_s: float) -> int:
         """Deliver what is queued within ``timeout_s``; return how many points are left
@@ -91,6 +95,8 @@ class MetricSender:
                     client = self._client_factory()
                 _log_batch(client, self._run_id, batch)
             except Exception as exc:  # network, server down, 5xx: keep the points, retry
+                telemetry().work("delivery", 1, errors=1)
+                telemetry().flush()
                 self._on_failure(exc)
                 with self._cond:
                     if self._closing and time.monotonic() >= self._give_up_at:
@@ -102,8 +108,14 @@ class MetricSender:
             with self._cond:
                 for _ in batch:
                     self._queue.popleft()
+                backlog = len(self._queue)
             self._journal.mark_sent(batch[-1].seq)
             self.delivered += len(batch)
+            figures = telemetry()
+            figures.work("delivery", 1)
+            figures.set("metrics_backlog_points", backlog)
+            figures.set("metric_delivery_lag_seconds", max(0.0, time.time() - batch[0].timestamp_ms / 1000))
+            figures.flush()
             if self._failing_since is not None:
                 self._log.warning(
                     "tracking server reachable again after %.0f s; sending the metrics kept meanwhile",

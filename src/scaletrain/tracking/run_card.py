@@ -38,7 +38,12 @@ def data_fingerprint(task: Any, dataset: Any, samples: int = 256) -> str:
     n = len(dataset)
     digest.update(str(n).encode())
     for index in sorted({i * n // samples for i in range(min(n, samples))}):
-        _hash_item(digest, dataset[index])
+        try:
+            item = dataset[index]
+        except Exception as exc:  # a corrupt sample (data.on_error: skip) is part of the data too
+            digest.update(f"raised {type(exc).__name__}".encode())
+            continue
+        _hash_item(digest, item)
     return "sha256:" + digest.hexdigest()
 
 

@@ -146,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger(f"{LAUNCHER_LOGGER_NAME}.tracking")
     commands = _Commands()
     config = JobConfig.model_validate(spec.job)
+    if config.observability.enabled:  # deliveries, the backlog and its lag, for the metrics endpoint
+        from scaletrain.observe.telemetry import Telemetry, install
+
+        install(Telemetry(spec.telemetry_dir / "tracker.json", {"source": "tracker"}))
     run = _open_run(config, spec, engine, json.loads(extra_tags), log, commands, float(max_backoff))
     shipper = None
     if run is not None:
@@ -171,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         report["close_s"] = round(time.monotonic() - started, 3)
         report["startup_cpu_s"] = startup_cpu_s
     report["cpu_s"] = process_cpu_s()
+    from scaletrain.observe.telemetry import current
+
+    current().flush(force=True)
     _emit(report)
     undo()
     return 0

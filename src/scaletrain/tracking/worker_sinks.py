@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from scaletrain.config.schema import JobConfig
+from scaletrain.observe.telemetry import Telemetry, TelemetrySink
 from scaletrain.rundir import METRICS_FILE, TRACKING_DIR, RunSpec
 from scaletrain.tracking.journal_sink import JournalReporter
 from scaletrain.tracking.logs import LOGGER_NAME, LogContext
@@ -28,12 +29,15 @@ class _StepTracker(NullReporter):
 
 
 def worker_reporter(spec: RunSpec, job: JobConfig, context: LogContext, is_main: bool,
-                    console: Any = None) -> Reporters:
+                    console: Any = None, telemetry: Telemetry | None = None, world_size: int = 1) -> Reporters:
     """``console``: an engine's relay to the user's console (Ray), a sink for rank 0.
 
-    Rank 0 writes metrics.jsonl and JSON log records at the console cadence, draws the progress
+    Every rank keeps its share of the live figures (``telemetry``: step times, samples, its last
+    step). Rank 0 writes metrics.jsonl and JSON log records at the console cadence, draws the progress
     bar on a terminal, and journals for MLflow (written even while the tracker is unreachable)."""
     sinks: list[Any] = [_StepTracker(context)]
+    if telemetry is not None and telemetry.path is not None:
+        sinks.append(TelemetrySink(telemetry, world_size, is_main))
     if not is_main:
         return Reporters(*sinks)
     if console is not None:

@@ -1,0 +1,152 @@
+"""One process's share of the job's live figures, kept in memory and written as one small JSON
+file the launcher's endpoint reads on each scrape (exporter.py).
+
+A side channel, off the training step's path: updates are a few dict operations, and the file
+is rewritten (temporary file, rename; no fsync: these are figures, not records) at most every
+``every_s``. Counters go on from the file an earlier attempt of the run left, so a restart
+reads as more work done, never as a reset. A process installs its telemetry once
+(``install``); the code that counts something takes it from ``current()``, a no-op one when
+nothing was installed (a unit test, a tool).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from scaletrain.observe.catalog import FIGURES
+
+__all__ = ["Telemetry", "TelemetrySink", "current", "install"]
+
+
+class Telemetry:
+    def __init__(self, path: str | Path | None, labels: dict[str, str] | None = None, every_s: float = 1.0):
+        self.path = Path(path) if path is not None else None
+        self.labels = dict(labels or {})
+        self.every_s = every_s
+        self.figures: dict[str, Any] = _load(self.path)
+        self._lock = threading.Lock()  # an async checkpoint's thread counts too
+        self._written_at = 0.0
+
+    def add(self, name: str, value: float = 1.0, label: str | None = None) -> None:
+        """A counter goes up (by ``value``; ``label``: the value of the figure's label)."""
+        with self._lock:
+            if label is None:
+                self.figures[name] = self.figures.get(name, 0.0) + value
+            else:
+                by = self.figures.setdefault(name, {})
+                by[label] = by.get(label, 0.0) + value
+
+    def set(self, name: str, value: float, label: str | None = None) -> None:
+        with self._lock:
+            if label is None:
+                self.figures[name] = value
+            else:
+                self.figures.setdefault(name, {})[label] = value
+
+    def observe(self, name: str, value: float, count: int = 1) -> None:
+        """``count`` observations of ``value`` in a histogram."""
+        buckets = FIGURES[name].buckets
+        with self._lock:
+            hist = self.figures.setdefault(name, {"counts": [0] * (len(buckets) + 1), "sum": 0.0})
+            hist["counts"][bisect.bisect_left(buckets, value)] += count
+            hist["sum"] += value * count
+
+    def work(self, kind: str, units: float = 1.0, errors: float = 0.0) -> None:
+        """Units of work of a kind done (or tried), and how many of them failed."""
+        self.add("work_total", units, kind)
+        # Errors at 0 from the first unit on: Prometheus' rate() sees the first error as an increase.
+        self.add("errors_total", errors, kind)
+
+    def flush(self, force: bool = False) -> None:
+        """Write the file, if ``every_s`` has passed since the last write (or ``force``)."""
+        now = time.monotonic()
+        if self.path is None or (not force and now - self._written_at < self.every_s):
+            return
+        self._written_at = now
+        with self._lock:
+            text = json.dumps({"labels": self.labels, "pid": os.getpid(), "time": time.time(),
+                               "figures": self.figures})
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            temporary.write_text(text, encoding="utf-8")
+            os.replace(temporary, self.path)
+        except OSError:
+            pass  # figures for a live view: a full disk must not stop training over them
+
+
+def _load(path: Path | None) -> dict[str, Any]:
+    """The figures an earlier attempt left (counters go on from them)."""
+    if path is None:
+        return {}
+    try:
+        figures = json.loads(path.read_text(encoding="utf-8")).get("figures")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return figures if isinstance(figures, dict) else {}
+
+
+_current = Telemetry(None)
+
+
+def current() -> Telemetry:
+    return _current
+
+
+def install(telemetry: Telemetry) -> Telemetry:
+    """This process's telemetry from now on; returns the one it replaces."""
+    global _current
+    previous, _current = _current, telemetry
+    return previous
+
+
+class TelemetrySink:
+    """A Reporter sink on every rank: each reported window of steps (this rank's own timing)
+    goes into the rank's figures; each step moves its last step and time. The flush, rate-limited,
+    rides on the step."""
+
+    def __init__(self, telemetry: Telemetry, world_size: int, is_main: bool):
+        self.telemetry = telemetry
+        self.world_size = max(1, world_size)
+        self.is_main = is_main  # counts the job's steps as units of work (once, not per rank)
+        self.last_reported: int | None = None
+
+    def on_start(self, total_steps: int | None, start_step: int) -> None:
+        self.last_reported = start_step
+
+    def on_step(self, step: int) -> None:
+        self.telemetry.figures["last_step"] = step
+        self.telemetry.figures["last_step_timestamp_seconds"] = time.time()
+        self.telemetry.flush()
+
+    def on_train_metrics(self, reports: list[Any]) -> None:
+        t = self.telemetry
+        for report in reports:
+            steps = report.step - (self.last_reported if self.last_reported is not None else report.step - 1)
+            self.last_reported = report.step
+            if steps <= 0:
+                continue
+            metrics = report.metrics
+            t.add("steps_total", steps)
+            if self.is_main:
+                t.work("step", steps)
+            step_time = metrics.get("step_time_s")
+            if step_time is not None:
+                t.observe("step_seconds", step_time, steps)
+                if (rate := metrics.get("samples_per_s")) is not None:
+                    t.add("samples_total", rate * step_time * steps / self.world_size)
+            if (wait := metrics.get("data_wait_s")) is not None:
+                t.add("data_wait_seconds_total", wait * steps)
+        t.flush()
+
+    def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.telemetry.add("evals_total")
+
+    def on_end(self) -> None:
+        self.telemetry.flush(force=True)
