@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,7 @@ def _launch(
     else:
         spec.threads = threads_per_worker(config.scale.workers_per_node, config.scale.threads_per_worker)
     spec.attempt += 1
+    spec.request_id = uuid.uuid4().hex[:16]  # this launch's; the trace id stays the run's
     _resolve_checkpoints(config, spec)
     try:
         checks = _preflight(config, spec)
@@ -176,7 +178,7 @@ def _launch(
     spec.logs_dir.mkdir(parents=True, exist_ok=True)
     _write_redacted_job(config, Path(spec.run_dir) / JOB_FILE)
     undo_logging = setup_logging(
-        LogContext(spec.run_id, spec.trace_id, rank=None),
+        LogContext.for_spec(spec, rank=None),
         spec.launcher_log,
         redactor=Redactor.for_config(spec.job),
         logger_name=LAUNCHER_LOGGER_NAME,
@@ -188,8 +190,8 @@ def _launch(
     for note in notes:  # on the console and in launcher.jsonl
         logging.getLogger(LAUNCHER_LOGGER_NAME).warning("%s", note)
     try:
-        with observed(config, spec, launcher.name, logging.getLogger(f"{LAUNCHER_LOGGER_NAME}.metrics")) as endpoint:
-            return _run_attempt(config, spec, launcher, started_at, tracking_tags, endpoint)
+        with observed(config, spec, launcher.name, logging.getLogger(f"{LAUNCHER_LOGGER_NAME}.metrics")) as watch:
+            return _run_attempt(config, spec, launcher, started_at, tracking_tags, watch)
     finally:
         undo_logging()
         if rendezvous is not None:
@@ -247,7 +249,7 @@ def preflight(
 
 def _run_attempt(
     config: JobConfig, spec: Any, launcher: Any, started_at: float, tracking_tags: dict | None,
-    endpoint: Any = None,
+    watch: Any = None,
 ) -> dict[str, Any]:
     from scaletrain.observe.telemetry import current as telemetry
 
@@ -273,8 +275,8 @@ def _run_attempt(
     }
     if config.scale.node_range[1] > 1:
         summary["node_rank"] = spec.node_rank
-    if endpoint is not None:
-        summary["metrics_url"] = endpoint.url
+    if watch is not None:
+        summary["metrics_url"] = watch.endpoint.url
     telemetry().work("attempt", 1)
     telemetry().flush(force=True)
     try:
@@ -282,6 +284,13 @@ def _run_attempt(
         result = launcher.launch(spec, config.scale.workers_per_node if config.scale.engine == "local"
                                  else config.scale.workers)
     except (ScaletrainError, KeyboardInterrupt) as exc:
+        if watch is not None and (fired := watch.finish()):
+            summary["alerts"] = fired
+            stopper = watch.alerts.stopped_by
+            if stopper is not None and isinstance(exc, RunPreempted) and exc.step is not None:
+                summary["stopped_by"] = stopper.alert  # not a preemption: the job's own alert
+                exc = RunPreempted(f"alert {stopper.alert} ({stopper.description})", exc.step, exc.checkpoint_step,
+                                   exc.run_dir)
         preempted = isinstance(exc, RunPreempted)
         interrupted = preempted or isinstance(exc, (RunInterrupted, KeyboardInterrupt))
         summary.update(
@@ -297,7 +306,11 @@ def _run_attempt(
         elif (steps := getattr(exc, "steps", None)) is not None:  # a failed rank said how far it got
             summary["steps"] = steps
         _close(summary, run_dir, tracking, "KILLED" if interrupted else "FAILED", Redactor.for_config(spec.job))
+        if "stopped_by" in summary:
+            raise exc from None
         raise
+    if watch is not None and (fired := watch.finish()):
+        summary["alerts"] = fired
     first_step_at = result.get("first_step_at")
     summary.update(
         status="finished",

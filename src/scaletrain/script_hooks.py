@@ -42,7 +42,7 @@ class _Session:
         # The workers' reporter: rank 0's metrics.jsonl and the MLflow journal. Its log records
         # stay out of the script's own logging (its output is already this rank's log).
         logging.getLogger(f"{LOGGER_NAME}.metrics").propagate = False
-        context = LogContext(spec.run_id, spec.trace_id, self.rank)
+        context = LogContext.for_spec(spec, self.rank)
         self.reporter = worker_reporter(spec, job, context, is_main=self.rank == 0)
         self.reporter.on_start(total_steps=job.train.max_steps, start_step=0)
 

@@ -69,7 +69,9 @@ def test_a_failing_worker_fails_the_job_and_leaves_no_process(tmp_path):
 
 def test_cli_run_json_clean_exit_and_worker_logs(tmp_path):
     job_file = tmp_path / "toy.yaml"
-    job_file.write_text(json.dumps(toy_job(tmp_path, scale={"workers": 2}, train={"max_steps": 6, "log_every": 2})))
+    job_file.write_text(json.dumps(toy_job(tmp_path, scale={"workers": 2}, train={"max_steps": 6, "log_every": 2},
+                                           tracking={"enabled": True, "uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                                                     "log_model": False})))
     result = scaletrain_cli("run", str(job_file), "--json")
     assert result.returncode == 0, result.stderr
     assert "terminate called" not in result.stderr
@@ -95,6 +97,13 @@ def test_cli_run_json_clean_exit_and_worker_logs(tmp_path):
         finished = next(r for r in records if r["message"] == "worker finished")
         assert finished["steps"] == 6 and finished["step_time"]["steps"] == 6
         assert 0 < finished["step_time"]["median_s"] <= finished["step_time"]["p90_s"]
+    # Every line of every log of the run (workers, launcher, tracking process, torch elastic's
+    # agent routed into launcher.jsonl) carries the run's trace id and this invocation's request id.
+    lines = [json.loads(line) for path in (run_dir / "logs").glob("*.jsonl") for line in path.read_text().splitlines()]
+    assert {r["logger"].split(".")[0] for r in lines} >= {"scaletrain", "scaletrain_launcher", "torch"}
+    assert {(r["trace_id"], r["request_id"]) for r in lines} == {(records[0]["trace_id"], records[0]["request_id"])}
+    assert records[0]["request_id"] and all({"timestamp", "level", "message"} <= set(r) for r in lines)
+    assert not [r for r in lines if any(key.startswith("_") for key in r)]  # no library's private extras
     # stderr is not a terminal here, so the workers' JSON lines reach it too.
     stderr_records = [json.loads(l) for l in result.stderr.splitlines() if l.startswith("{")]
     assert {r["rank"] for r in stderr_records} == {0, 1}

@@ -324,6 +324,25 @@ def test_the_searches(checkout, command):
     assert Path(summary["search_dir"]).is_relative_to(checkout.root / "runs" / "tune" / "digits")
 
 
+def test_the_metrics_endpoint_and_the_alert_rules(checkout):
+    run = checkout.start(readme("scaletrain run examples/digits.yaml --metrics-port 9464"))
+    served, deadline = "", time.monotonic() + 120
+    try:
+        while run.poll() is None and time.monotonic() < deadline and "scaletrain_steps_total{" not in served:
+            try:
+                served = urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=2).read().decode()
+            except OSError:
+                time.sleep(0.2)
+        out, err = run.communicate(timeout=240)
+    finally:
+        stop(run)
+    assert run.returncode == 0, err[-3000:]
+    assert 'scaletrain_steps_total{rank="1"}' in served and "scaletrain_run_info{" in served, served[:2000]
+    if shutil.which("promtool") or os.environ.get("CI") == "true":  # make test installs it
+        tested = checkout.run(readme("promtool test rules deploy/prometheus/alerts_test.yml"))
+        assert "SUCCESS" in tested.stdout
+
+
 def test_verify_resume(checkout):
     result = checkout.run(readme("scaletrain verify-resume examples/digits.yaml"), timeout=280)
     assert "PASS" in result.stdout, result.stdout + result.stderr[-2000:]

@@ -4,6 +4,7 @@ import json
 import logging
 
 from scaletrain.config import parse_job
+from scaletrain.observe.telemetry import read_step_mark
 from scaletrain.rundir import RunSpec
 from scaletrain.tracking.logs import LogContext
 from scaletrain.tracking.reporter import LogReporter, MetricsFile, Reporters, StepReport
@@ -166,7 +167,7 @@ def worker_setup(tmp_path):
     return spec, parse_job(job), LogContext(spec.run_id, spec.trace_id, rank=1)
 
 
-def test_a_non_main_rank_writes_nothing_but_keeps_its_log_step_current(tmp_path):
+def test_a_non_main_rank_writes_only_its_step_mark_and_keeps_its_log_step_current(tmp_path):
     spec, job, context = worker_setup(tmp_path)
     reporter = worker_reporter(spec, job, context, is_main=False)
     reporter.on_start(4, 0)
@@ -176,7 +177,8 @@ def test_a_non_main_rank_writes_nothing_but_keeps_its_log_step_current(tmp_path)
         assert context.step == step
     reporter.on_eval_metrics(4, {"accuracy": 1.0})
     reporter.on_end()
-    assert not (tmp_path / "runs").exists()
+    assert [p.name for p in (tmp_path / "runs").rglob("*") if p.is_file()] == ["worker-1.step"]
+    assert read_step_mark(spec.worker_step(1)) == 4  # what a root cause reads after a hang
 
 
 def test_the_main_rank_writes_metrics_jsonl_at_the_console_cadence(tmp_path):

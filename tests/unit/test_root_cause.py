@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from scaletrain.observe.telemetry import StepMark
 from scaletrain.recovery.root_cause import failure_files, worker_error
 from scaletrain.rundir import RunSpec
 from tests.helpers.tasks import toy_job
@@ -218,10 +219,11 @@ def test_fixture_dumps_have_faulthandlers_shape(tmp_path):
 def test_a_hung_rank_is_named_and_its_waiting_peer_said_to_wait_for_it(spec):
     write_stacks(spec, 0, dump(IN_COLLECTIVE))
     write_stacks(spec, 1, dump(IN_USER_CODE))
+    StepMark(spec.worker_step(1)).set(44)  # the last step rank 1 finished, as its loop marked it
     err = worker_error(spec, [0, 1], {0: "exited with signal SIGALRM", 1: "exited with signal SIGALRM"})
     assert str(err) == (
-        "worker rank 1 failed: made no progress for 8 s (hang watchdog; rank 0 waited for it in a "
-        f"collective); every thread's stack is in {spec.worker_stacks(1)} {details(spec, 1)}"
+        "worker rank 1 failed: made no progress for 8 s after step 44, in tasks.py:77 loss (hang watchdog; "
+        f"rank 0 waited for it in all_reduce); every thread's stack is in {spec.worker_stacks(1)} {details(spec, 1)}"
     )
     assert err.rank == 1
     assert err.exit_code == 1
@@ -233,7 +235,7 @@ def test_a_hung_rank_with_several_waiting_peers_names_them_all(spec):
     write_stacks(spec, 1, dump(IN_USER_CODE))
     err = worker_error(spec, range(4), {})
     assert err.rank == 1
-    assert "(hang watchdog; rank 0, 2, 3 waited for it in a collective)" in str(err)
+    assert ", in tasks.py:77 loss (hang watchdog; ranks 0, 2, 3 waited for it in all_reduce)" in str(err)
 
 
 def test_when_every_rank_waits_in_a_collective_the_first_to_fall_silent_is_named(spec):
@@ -245,8 +247,8 @@ def test_when_every_rank_waits_in_a_collective_the_first_to_fall_silent_is_named
         os.utime(spec.worker_log(rank), (mtime, mtime))
     err = worker_error(spec, [0, 1], {0: "exited with signal SIGALRM", 1: "exited with signal SIGALRM"})
     assert str(err) == (
-        "worker rank 1 failed: made no progress for 8 s (hang watchdog; ranks 0, 1 all waited in a "
-        f"collective); every thread's stack is in "
+        "worker rank 1 failed: made no progress for 8 s (hang watchdog; ranks 0, 1 all waited in "
+        f"all_reduce); every thread's stack is in "
         f"{spec.worker_stacks(1)} {details(spec, 1)}"
     )
 
@@ -257,7 +259,7 @@ def test_only_the_last_dump_in_a_stacks_file_counts(spec):
     write_stacks(spec, 1, dump(IN_COLLECTIVE))
     err = worker_error(spec, [0, 1], {})
     assert err.rank == 0
-    assert "(hang watchdog; rank 1 waited for it in a collective)" in str(err)
+    assert "(hang watchdog; rank 1 waited for it in all_reduce)" in str(err)
 
 
 def test_an_error_file_outranks_the_hang_story(spec):
@@ -283,8 +285,8 @@ def test_a_dump_appended_to_an_earlier_attempts_stacks_is_this_attempts_hang(spe
         stacks.write(dump(IN_USER_CODE))
     err = worker_error(spec, [1], {1: "exited with signal SIGALRM"}, earlier)
     assert str(err) == (
-        "worker rank 1 failed: made no progress for 8 s (hang watchdog); every thread's stack is in "
-        f"{spec.worker_stacks(1)} {details(spec, 1)}"
+        "worker rank 1 failed: made no progress for 8 s, in tasks.py:77 loss (hang watchdog); every thread's "
+        f"stack is in {spec.worker_stacks(1)} {details(spec, 1)}"
     )
 
 
@@ -304,8 +306,8 @@ def test_a_tensorflow_rank_waiting_in_its_step_waits_for_the_hung_one(spec):
     write_stacks(spec, 1, dump(IN_TF_STEP))
     err = worker_error(spec, [0, 1], {0: "exited with signal SIGALRM", 1: "exited with signal SIGALRM"})
     assert str(err) == (
-        "worker rank 0 failed: made no progress for 8 s (hang watchdog; rank 1 waited for it in a "
-        f"collective); every thread's stack is in {spec.worker_stacks(0)} {details(spec, 0)}"
+        "worker rank 0 failed: made no progress for 8 s, in tasks.py:77 loss (hang watchdog; rank 1 waited for "
+        f"it in TensorFlow's compiled step); every thread's stack is in {spec.worker_stacks(0)} {details(spec, 0)}"
     )
 
 

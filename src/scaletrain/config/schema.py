@@ -542,6 +542,55 @@ class RecoveryConfig(Section):
     )
 
 
+AlertAction = Literal["off", "warn", "stop"]
+_ACTION = ("warn: an error line in the log, a tag on the MLflow run and the webhook (SCALETRAIN_ALERT_WEBHOOK_URL); "
+           "stop: that, then the run stops at a step every rank agrees on, with a checkpoint (resume goes on); off")
+
+
+class ErrorRateAlert(Section):
+    threshold: Fraction = Field(0.05, description="more than this share of a kind's units of work failed")
+    window_s: Annotated[float, Field(gt=0, le=MAX_SECONDS), _Number] = Field(300.0, description="over this window")
+    action: AlertAction = Field("warn", description=_ACTION)
+
+
+class TimeAlert(Section):
+    after_s: Annotated[float, Field(gt=0, le=MAX_SECONDS), _Number]
+    action: AlertAction = Field("warn", description=_ACTION)
+
+
+class NoProgressAlert(TimeAlert):
+    after_s: Annotated[float, Field(gt=0, le=MAX_SECONDS), _Number] = Field(
+        600.0, description="no rank finished a step for this long")
+
+
+class CheckpointStaleAlert(TimeAlert):
+    after_s: Annotated[float, Field(gt=0, le=MAX_SECONDS), _Number] = Field(
+        3600.0, description="the newest checkpoint is older than this while steps go on")
+
+
+class BacklogAlert(Section):
+    points: Annotated[int, Field(ge=1, le=10**9), _Number] = Field(1000, description="more metric points than this wait for MLflow "
+                                                "and the backlog grew over 10 minutes")
+    action: AlertAction = Field("warn", description=_ACTION)
+
+
+class PlainAlert(Section):
+    action: AlertAction = Field("warn", description=_ACTION)
+
+
+class AlertsConfig(Section):
+    """The alerts of deploy/prometheus/alerts.yml, evaluated by the launcher itself (no Prometheus needed)."""
+
+    every_s: Annotated[float, Field(gt=0, le=3600), _Number] = Field(5.0, description="evaluate every N seconds")
+    error_rate: ErrorRateAlert = Field(default_factory=ErrorRateAlert)
+    no_progress: NoProgressAlert = Field(default_factory=NoProgressAlert)
+    throughput_halved: PlainAlert = Field(default_factory=PlainAlert, description="samples/s over 5 minutes "
+                                          "under half of the 30 minutes before")
+    checkpoint_stale: CheckpointStaleAlert = Field(default_factory=CheckpointStaleAlert)
+    metrics_backlog: BacklogAlert = Field(default_factory=BacklogAlert)
+    restarts: PlainAlert = Field(default_factory=PlainAlert, description="the workers restarted after a failure")
+
+
 class ObservabilityConfig(Section):
     """The job's live figures on a Prometheus endpoint served by the launcher
     (docs/observability.md; alert rules and a dashboard in deploy/)."""
@@ -551,9 +600,10 @@ class ObservabilityConfig(Section):
         "127.0.0.1", description="the endpoint's address; another one (0.0.0.0) lets other machines "
         "scrape it: it has no authentication, so keep it behind your network's rules"
     )
-    port: Annotated[int, Field(ge=0, le=65535)] = Field(
+    port: Annotated[int, Field(ge=0, le=65535), _Number] = Field(
         0, description="the endpoint's port; 0: a free one, said in the launcher's log and summary.json"
     )
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
 
 
 class JobConfig(Section):

@@ -28,7 +28,7 @@ from scaletrain.observe.telemetry import current as telemetry
 from scaletrain.recovery.root_cause import failure_files, holds_hang, worker_error
 from scaletrain.rundir import RESTART_COUNT_ENV, RunSpec
 from scaletrain.rundir.atomic import write_text_atomic
-from scaletrain.tracking.logs import route_loggers_to_file
+from scaletrain.tracking.logs import LogContext, route_loggers_to_file
 from scaletrain.tracking.redact import Redactor
 
 __all__ = ["LocalLauncher", "launch_config"]
@@ -89,7 +89,8 @@ class LocalLauncher(Launcher):
         spec_file = spec.write()
         spec.worker_result().unlink(missing_ok=True)
         restore = route_loggers_to_file(_TORCH_LOGGERS, spec.launcher_log, logging.INFO,
-                                        redactor=Redactor.for_config(spec.job))
+                                        redactor=Redactor.for_config(spec.job),
+                                        context=LogContext.for_spec(spec, rank=None))
         # A fresh workers' store per attempt (rank 0 hosts it): with the agent's shared one, a
         # restarted gloo rank can connect to the previous attempt's dead peer (torch 2.13; seen
         # with plain torchrun too). A script on one machine gets a fresh store per attempt that

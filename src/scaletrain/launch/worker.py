@@ -68,7 +68,7 @@ def run_worker(
     deny_writes()  # testing: SCALETRAIN_DENY_WRITES (a run directory this worker cannot reach)
     job = JobConfig.model_validate(spec.job)
     # Logging, with the run's trace id; rank 0's warnings also reach an engine's console relay.
-    context = LogContext(spec.run_id, spec.trace_id, env.rank)
+    context = LogContext.for_spec(spec, env.rank)
     redactor = Redactor.for_config(spec.job)
     undo_logging = setup_logging(context, spec.worker_log(env.rank), redactor=redactor)
     console = console if env.is_main else None

@@ -17,7 +17,7 @@ from typing import Any
 from scaletrain.observe.catalog import FIGURES, PREFIX, Figure
 from scaletrain.observe.telemetry import Telemetry, install
 
-__all__ = ["JobCollector", "MetricsEndpoint", "read_shares", "observed"]
+__all__ = ["JobCollector", "MetricsEndpoint", "Observation", "read_shares", "observed"]
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +159,29 @@ class MetricsEndpoint:
         self._thread.join(timeout=5)
 
 
+class Observation:
+    """What a launch observes: the endpoint and the built-in alerts (observe/alerts.py)."""
+
+    def __init__(self, endpoint: MetricsEndpoint, alerts: Any):
+        self.endpoint, self.alerts = endpoint, alerts
+        self._finished = False
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Stop evaluating (after a last look at what the workers counted); the alerts that fired."""
+        if not self._finished:
+            self._finished = True
+            self.alerts.close()
+        return list(self.alerts.fired)
+
+
 @contextlib.contextmanager
-def observed(config: Any, spec: Any, engine: str, logger: logging.Logger = log) -> Iterator[MetricsEndpoint | None]:
-    """For one launch: the launcher's own telemetry (attempts, restarts) installed, and the
-    endpoint served over the run's figures; None when ``observability.enabled`` is off. A port
-    that cannot be bound is the pre-flight's kind of refusal: one line, nothing started."""
+def observed(config: Any, spec: Any, engine: str, logger: logging.Logger = log) -> Iterator[Observation | None]:
+    """For one launch: the launcher's own telemetry (attempts, restarts) installed, the endpoint
+    served over the run's figures, the built-in alerts evaluated; None when
+    ``observability.enabled`` is off. A port that cannot be bound is the pre-flight's kind of
+    refusal: one line, nothing started."""
     from scaletrain.errors import ConfigError
+    from scaletrain.observe.alerts import AlertLoop
 
     settings = config.observability
     if not settings.enabled:
@@ -183,10 +200,14 @@ def observed(config: Any, spec: Any, engine: str, logger: logging.Logger = log) 
         ]) from None
     logger.info("metrics for Prometheus on %s", endpoint.url, extra={"metrics_url": endpoint.url})
     telemetry.add("restarts_total", 0)  # there from the start: a first restart is an increase
+    telemetry.flush(force=True)
     previous = install(telemetry)
+    observation = Observation(endpoint, AlertLoop(settings.alerts, directory, info,
+                                                  logging.getLogger(f"{logger.name.rsplit('.', 1)[0]}.alerts")).start())
     try:
-        yield endpoint
+        yield observation
     finally:
+        observation.finish()
         telemetry.flush(force=True)
         install(previous)
         endpoint.close()

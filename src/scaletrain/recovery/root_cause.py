@@ -9,10 +9,12 @@ attempt left behind.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
 from scaletrain.errors import WorkerFailedError
+from scaletrain.observe.telemetry import read_step_mark
 from scaletrain.recovery.watchdog import RESUMED_MARK
 from scaletrain.rundir import RunSpec
 
@@ -88,18 +90,7 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str],
     errors = {rank: e for rank in ranks if (e := _read_error(spec, rank, earlier)) is not None}
     hung = _hung_ranks(spec, ranks, earlier)
     if hung and not errors:  # the watchdog ended them: that is the story, not their exit code
-        timeout = spec.job.get("recovery", {}).get("hang_timeout_s")
-        waiting = [r for r in hung if _waits_in_collective(spec.worker_stacks(r))]
-        stuck = [r for r in hung if r not in waiting]
-        if stuck:
-            peers = f"; rank {', '.join(map(str, waiting))} waited for it in a collective" if waiting else ""
-        else:  # every rank waiting: the collective itself hung, no rank is blamed on another
-            peers = f"; ranks {', '.join(map(str, waiting))} all waited in a collective"
-        fallback = {
-            r: f"made no progress for {timeout:g} s (hang watchdog{peers}); every thread's stack is in "
-            f"{spec.worker_stacks(r)}"
-            for r in stuck or hung
-        }
+        fallback = _hang_story(spec, hung)
     bad_input = False
     if errors:
         rank = min(errors, key=lambda r: (_is_echo(errors[r]), errors[r].get("timestamp", 0)))
@@ -124,6 +115,30 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str],
         bad_input=bad_input,
         steps=max(steps) if steps else None,
     )
+
+
+def _hang_story(spec: RunSpec, hung: list[int]) -> dict[int, str]:
+    """What each blamed rank's line says: no progress for how long, after which step and where
+    (the innermost frame of its training thread), and what its peers waited in."""
+    timeout = spec.job.get("recovery", {}).get("hang_timeout_s")
+    frames = {r: _training_frames(spec.worker_stacks(r)) for r in hung}
+    waiting = [r for r in hung if _waiting(frames[r])]
+    stuck = [r for r in hung if r not in waiting]
+    waits = sorted({_wait_name(frames[r]) for r in waiting})
+    what = waits[0] if len(waits) == 1 else "a collective"
+    ranks = ("rank " if len(waiting) == 1 else "ranks ") + ", ".join(map(str, waiting))
+    if stuck:
+        peers = f"; {ranks} waited for it in {what}" if waiting else ""
+    else:  # every rank waiting: the collective itself hung, no rank is blamed on another
+        peers = f"; {ranks} all waited in {what}"
+    story = {}
+    for r in stuck or hung:
+        step = read_step_mark(spec.worker_step(r))
+        after = "" if step is None else " before its first step" if step == 0 else f" after step {step}"
+        where = f", in {_frame_name(frames[r][0])}" if frames[r] and r in stuck else ""
+        story[r] = (f"made no progress for {timeout:g} s{after}{where} (hang watchdog{peers}); every thread's "
+                    f"stack is in {spec.worker_stacks(r)}")
+    return story
 
 
 def _last_heard(spec: RunSpec, rank: int) -> float:
@@ -160,20 +175,41 @@ _TRAINING_IN = ("/scaletrain/engine/", "/scaletrain/runners/")
 _WAITING_IN = ("/torch/distributed/", "/torch/autograd/", "/scaletrain/distributed/", "/tensorflow/python/eager/")
 
 
-def _waits_in_collective(path: Any) -> bool:
-    """Whether the last dump in a stacks file shows the training thread waiting in a collective
-    (then this rank waited for a peer; the peer is the hang)."""
+def _training_frames(path: Any) -> list[str]:
+    """The training thread's frames in the last dump of a stacks file, innermost first (a
+    script's: the thread the dump was taken on)."""
     try:
         dump = path.read_text(encoding="utf-8", errors="replace").rsplit("Timeout (", 1)[-1]
     except OSError:
-        return False
+        return []
     blocks = dump.split("\n\n")
     threads = [[line.strip() for line in thread.splitlines() if line.strip().startswith("File ")]
                for thread in blocks]
     for frames in threads:
         if any(room in frame for frame in frames for room in _TRAINING_IN):
-            return any(part in frames[0] for part in _WAITING_IN)
+            return frames
     # A script's (scaletrain launch): its main thread, the one the dump was taken on, first.
-    current = next((frames for block, frames in zip(blocks, threads) if "Current thread" in block and frames),
-                   next((frames for frames in threads if frames), []))
-    return bool(current) and any(part in current[0] for part in _WAITING_IN)
+    return next((frames for block, frames in zip(blocks, threads) if "Current thread" in block and frames),
+                next((frames for frames in threads if frames), []))
+
+
+def _waiting(frames: list[str]) -> bool:
+    """Whether the training thread waits in a collective (then this rank waited for a peer;
+    the peer is the hang)."""
+    return bool(frames) and any(part in frames[0] for part in _WAITING_IN)
+
+
+def _frame_name(frame: str) -> str:
+    """``File "/a/b/faults.py", line 82 in _fire`` -> ``faults.py:82 _fire``."""
+    match = re.match(r'File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<name>.+)', frame)
+    if match is None:
+        return frame
+    return f"{match['file'].rsplit('/', 1)[-1]}:{match['line']} {match['name']}"
+
+
+def _wait_name(frames: list[str]) -> str:
+    """What a waiting rank waits in: the collective's name (all_reduce, broadcast...), or a
+    TensorFlow job's compiled step, whose collectives run inside it."""
+    if "/tensorflow/" in frames[0]:
+        return "TensorFlow's compiled step"
+    return _frame_name(frames[0]).rsplit(" ", 1)[-1]

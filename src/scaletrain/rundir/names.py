@@ -6,7 +6,7 @@ from __future__ import annotations
 __all__ = [
     "SPEC_FILE", "SUMMARY_FILE", "JOB_FILE", "METRICS_FILE", "RUN_CARD_FILE", "WEIGHTS_FILE",
     "LOCK_FILE", "LOGS_DIR", "LAUNCHER_LOG", "NODE_RESULT_FILE", "CHECKPOINTS_DIR", "CHECKPOINT_CACHE_DIR",
-    "TRACKING_DIR", "MLFLOW_RUN_FILE", "TELEMETRY_DIR", "worker_log_name", "worker_error_name", "worker_stacks_name",
+    "TRACKING_DIR", "MLFLOW_RUN_FILE", "TELEMETRY_DIR", "worker_log_name", "worker_error_name", "worker_stacks_name", "worker_step_name",
     "RESTART_COUNT_ENV", "FAULT_ENV", "DENY_WRITES_ENV", "CHECKPOINT_KEY_ENV", "NODE_RANK_ENV",
     "DRIVER_STORE_ENV", "NODE_DIR_ENV", "RAY_NODE_LOCAL_ENV", "TRACKING_TAGS_ENV", "EXTRA_TAGS_ENV",
     "LOOP_FILE_ENV", "LOOP_KEY_ENV", "SCRIPT_SPEC_ENV", "HEARTBEAT_ENV",
@@ -64,3 +64,8 @@ def worker_error_name(rank: int) -> str:
 
 def worker_stacks_name(rank: int) -> str:
     return f"worker-{rank}.stacks.txt"
+
+
+def worker_step_name(rank: int) -> str:
+    """The rank's last finished step (8 bytes, observe/telemetry.py StepMark)."""
+    return f"worker-{rank}.step"

@@ -24,6 +24,7 @@ from scaletrain.rundir.names import (
     worker_error_name,
     worker_log_name,
     worker_stacks_name,
+    worker_step_name,
 )
 
 __all__ = ["RunSpec", "new_run_id", "check_run_ref"]
@@ -58,7 +59,8 @@ class RunSpec:
     job: dict[str, Any]  # the resolved JobConfig, as JSON-able data
     run_id: str
     run_dir: str
-    trace_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    trace_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # the run's, kept by every resume
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])  # this launch's (new per resume)
     python_path: list[str] = field(default_factory=list)  # where task.target is imported from
     threads: int = 1  # intra-op threads per worker
     attempt: int = 0  # launches of this run: 1 for `run`, +1 for each `scaletrain resume`
@@ -89,6 +91,9 @@ class RunSpec:
 
     def worker_stacks(self, rank: int) -> Path:
         return self.logs_dir / worker_stacks_name(rank)
+
+    def worker_step(self, rank: int) -> Path:
+        return self.logs_dir / worker_step_name(rank)
 
     @property
     def telemetry_dir(self) -> Path:

@@ -1,7 +1,9 @@
 """Structured JSON logs: one file per worker, plus stderr when it is not a terminal.
 
-Every record carries timestamp, level, message, run_id, trace_id, rank and the current step,
-so the lines of all workers of all attempts can be merged and filtered with jq.
+Every record carries timestamp, level, message, run_id, trace_id (the run's: the same across
+restarts and resumes), request_id (this invocation of scaletrain: a resume has its own), rank
+and the current step, so the lines of all workers of all attempts can be merged and filtered
+with jq. Other libraries' lines routed into the run's logs (torch elastic, Ray) carry them too.
 """
 
 from __future__ import annotations
@@ -29,11 +31,16 @@ _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 class LogContext:
     """The fields stamped on every record of this process; ``step`` moves as training does."""
 
-    def __init__(self, run_id: str, trace_id: str, rank: int | None):
+    def __init__(self, run_id: str | None, trace_id: str | None, rank: int | None, request_id: str | None = None):
         self.run_id = run_id
         self.trace_id = trace_id
+        self.request_id = request_id
         self.rank = rank
         self.step: int | None = None
+
+    @classmethod
+    def for_spec(cls, spec: Any, rank: int | None) -> LogContext:
+        return cls(spec.run_id, spec.trace_id, rank, getattr(spec, "request_id", None))
 
 
 class _ContextFilter(logging.Filter):
@@ -44,6 +51,7 @@ class _ContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.run_id = self.context.run_id
         record.trace_id = self.context.trace_id
+        record.request_id = self.context.request_id
         record.rank = self.context.rank
         if getattr(record, "step", None) is None:
             record.step = self.context.step
@@ -70,11 +78,13 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "run_id": getattr(record, "run_id", None),
             "trace_id": getattr(record, "trace_id", None),
+            "request_id": getattr(record, "request_id", None),
             "rank": getattr(record, "rank", None),
             "step": getattr(record, "step", None),
         }
         for key, value in vars(record).items():
-            if key not in _STANDARD and key not in entry and key != "console":
+            # A library's private extras (Ray's _ray_timestamp_ns) are not ours to print.
+            if key not in _STANDARD and key not in entry and key != "console" and not key.startswith("_"):
                 entry[key] = value
         if record.exc_info:
             entry["exception"] = "".join(traceback.format_exception(*record.exc_info))
@@ -138,13 +148,17 @@ def setup_logging(
 
 
 def route_loggers_to_file(
-    names: tuple[str, ...], path: str | Path, level: int | None = None, *, redactor: Redactor
+    names: tuple[str, ...], path: str | Path, level: int | None = None, *, redactor: Redactor,
+    context: LogContext | None = None,
 ) -> Callable[[], None]:
     """Send other libraries' loggers (torch elastic, Ray) to a JSON file in the run's logs
-    instead of the console, redacted like the run's own lines; returns the undo."""
+    instead of the console, redacted like the run's own lines and stamped with ``context`` (the
+    run's trace id); returns the undo."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(JsonFormatter(redactor))
+    if context is not None:
+        handler.addFilter(_ContextFilter(context))
     saved = []
     for name in names:
         logger = logging.getLogger(name)

@@ -34,7 +34,9 @@ _KEY_KINDS = {
     "api", "access", "private", "secret", "signing", "encryption", "master", "account", "client",
     "ssh", "storage", "checkpoint", "license", "auth", "session", "shared", "hmac", "deploy",
 }
-_SECRET_PAIRS = {("connection", "string"), ("connection", "str"), ("conn", "str"), ("conn", "string")}
+# A webhook's URL carries its credential in its path (SCALETRAIN_ALERT_WEBHOOK_URL, SLACK_WEBHOOK_URL).
+_SECRET_PAIRS = {("connection", "string"), ("connection", "str"), ("conn", "str"), ("conn", "string"),
+                 ("webhook", "url")}
 # "pad_token", "eos_token", "max_token": a tokenizer's token or a count, not a credential.
 _NOT_CREDENTIAL_TOKENS = {
     "pad", "bos", "eos", "unk", "sep", "cls", "mask", "special", "start", "end", "stop", "max", "min", "num",

@@ -115,6 +115,10 @@ class TrackingSession:
             tags["scaletrain.steps"] = summary["steps"]
         if summary.get("weights_sha256"):
             tags["scaletrain.weights_sha256"] = summary["weights_sha256"]
+        if summary.get("alerts"):  # the built-in alerts that fired (observe/alerts.py)
+            tags["scaletrain.alerts"] = ", ".join(sorted({a["alert"] for a in summary["alerts"]}))
+        if summary.get("stopped_by"):
+            tags["scaletrain.stopped_by"] = summary["stopped_by"]
         command = {"timeout_s": timeout, "status": status, "tags": tags, "restarts": summary.get("restarts", 0),
                    "artifacts": [[str(path), artifact_path] for path, artifact_path in artifacts]}
         try:

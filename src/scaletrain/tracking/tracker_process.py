@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir, log_file, engine, max_backoff = (argv or sys.argv[1:])[:4]
     extra_tags = os.environ.pop(EXTRA_TAGS_ENV, "{}")
     spec = RunSpec.read(Path(run_dir) / SPEC_FILE)
-    undo = setup_logging(LogContext(spec.run_id, spec.trace_id, rank=None), log_file,
+    undo = setup_logging(LogContext.for_spec(spec, rank=None), log_file,
                          redactor=Redactor.for_config(spec.job), logger_name=LAUNCHER_LOGGER_NAME)
     log = logging.getLogger(f"{LAUNCHER_LOGGER_NAME}.tracking")
     commands = _Commands()

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from scaletrain.config.schema import JobConfig
-from scaletrain.observe.telemetry import Telemetry, TelemetrySink
+from scaletrain.observe.telemetry import StepMark, Telemetry, TelemetrySink
 from scaletrain.rundir import METRICS_FILE, TRACKING_DIR, RunSpec
 from scaletrain.tracking.journal_sink import JournalReporter
 from scaletrain.tracking.logs import LOGGER_NAME, LogContext
@@ -19,13 +19,22 @@ __all__ = ["worker_reporter"]
 
 
 class _StepTracker(NullReporter):
-    """Keeps the log context's step current on every rank."""
+    """Keeps the log context's step current on every rank, and its step mark (what the root
+    cause of a hang or a crash says the rank finished last)."""
 
-    def __init__(self, context: LogContext):
+    def __init__(self, context: LogContext, mark: StepMark | None):
         self.context = context
+        self.mark = mark
 
     def on_step(self, step: int) -> None:
         self.context.step = step
+        if self.mark is not None:
+            self.mark.set(step)
+
+    def on_end(self) -> None:
+        if self.mark is not None:
+            self.mark.close()
+            self.mark = None
 
 
 def worker_reporter(spec: RunSpec, job: JobConfig, context: LogContext, is_main: bool,
@@ -35,7 +44,8 @@ def worker_reporter(spec: RunSpec, job: JobConfig, context: LogContext, is_main:
     Every rank keeps its share of the live figures (``telemetry``: step times, samples, its last
     step). Rank 0 writes metrics.jsonl and JSON log records at the console cadence, draws the progress
     bar on a terminal, and journals for MLflow (written even while the tracker is unreachable)."""
-    sinks: list[Any] = [_StepTracker(context)]
+    mark = StepMark(spec.worker_step(context.rank)) if context.rank is not None else None
+    sinks: list[Any] = [_StepTracker(context, mark)]
     if telemetry is not None and telemetry.path is not None:
         sinks.append(TelemetrySink(telemetry, world_size, is_main))
     if not is_main:

@@ -14,6 +14,7 @@ from typing import Any
 
 from scaletrain.errors import MissingExtraError, ScaletrainError
 from scaletrain.launch.ray.join import CONNECT_TIMEOUT_S, LOCAL_ONLY_ENV, check_cluster_answers, native_stderr_to
+from scaletrain.tracking.logs import LogContext
 from scaletrain.tracking.redact import Redactor
 
 __all__ = ["import_ray", "ray_session", "RAY_EXTRA_HINT"]
@@ -52,14 +53,15 @@ def import_ray(local_instance: bool = False):
 @contextlib.contextmanager
 def ray_session(
     ray: Any, address: str | None, logs_dir: Path, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-    *, redactor: Redactor,
+    *, redactor: Redactor, context: LogContext | None = None,
 ) -> Iterator[None]:
     """Connected to ``address`` (default RAY_ADDRESS; none: a local instance started for the
     block), Ray's Python logs in ``logs_dir/ray-driver.jsonl``; disconnected (and a local
     instance stopped) after. Joining takes at most about ``connect_timeout_s``."""
     from scaletrain.tracking.logs import route_loggers_to_file
 
-    restore_logs = route_loggers_to_file(_RAY_LOGGERS, logs_dir / "ray-driver.jsonl", redactor=redactor)
+    restore_logs = route_loggers_to_file(_RAY_LOGGERS, logs_dir / "ray-driver.jsonl", redactor=redactor,
+                                         context=context)
     connected = False
     try:
         connected = _connect(ray, address, logs_dir, connect_timeout_s)

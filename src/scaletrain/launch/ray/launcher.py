@@ -21,6 +21,7 @@ from scaletrain.launch.ray.mailbox import mailbox_actor
 from scaletrain.launch.ray.worker_fn import train_loop
 from scaletrain.recovery.root_cause import worker_error
 from scaletrain.rundir import RunSpec
+from scaletrain.tracking.logs import LogContext
 from scaletrain.tracking.redact import Redactor
 
 __all__ = ["RayLauncher"]
@@ -64,7 +65,7 @@ class RayLauncher(Launcher):
         checkpoint_dir = (spec.job.get("checkpoint") or {}).get("dir") or ""
         timeout = (spec.job.get("scale") or {}).get("connect_timeout_s") or CONNECT_TIMEOUT_S
         with ray_session(self.ray, self.address, spec.logs_dir, connect_timeout_s=timeout,
-                         redactor=Redactor.for_config(spec.job)):
+                         redactor=Redactor.for_config(spec.job), context=LogContext.for_spec(spec, rank=None)):
             machines = len({n.get("NodeManagerAddress") for n in self.ray.nodes() if n.get("Alive")})
             if spec.checkpoints and "://" not in spec.checkpoints and machines > 1:
                 if not checkpoint_dir:
