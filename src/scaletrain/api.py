@@ -296,6 +296,7 @@ def _run_attempt(
         summary.update(
             status="preempted" if preempted else "interrupted" if interrupted else "failed",
             error=str(exc) or type(exc).__name__,
+            error_code=getattr(exc, "code", "ST-INTERRUPTED"),
             wall_time_s=round(time.time() - started_at, 3),
         )
         if not interrupted:

@@ -22,15 +22,18 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request with a checkpoint; r
 
 
 class ScaletrainError(Exception):
-    """Base class: a problem with a message meant for the user, not a bug."""
+    """Base class: a problem with a message meant for the user, not a bug. ``code``: its stable,
+    documented error code (docs/observability.md), in JSON logs, summaries and --json errors."""
 
     exit_code = 1
+    code = "ST-ERROR"
 
 
 class ConfigError(ScaletrainError):
     """The job file or an override is invalid. ``problems`` holds one line per problem."""
 
     exit_code = 2
+    code = "ST-CONFIG"
 
     def __init__(self, problems: list[str] | str, source: str | None = None):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
@@ -43,12 +46,14 @@ class TaskError(ScaletrainError):
     """The task named by ``task.target`` cannot be imported or does not fit the Task protocol."""
 
     exit_code = 2
+    code = "ST-TASK"
 
 
 class WorkerFailedError(ScaletrainError):
     """A training worker raised or died. ``rank`` is the first rank that failed."""
 
     exit_code = 1
+    code = "ST-WORKER"
 
     def __init__(
         self,
@@ -70,10 +75,13 @@ class MissingExtraError(ScaletrainError):
     """The job asks for an optional part (Ray, S3) whose extra is not installed."""
 
     exit_code = 2
+    code = "ST-MISSING-EXTRA"
 
 
 class RunInterrupted(ScaletrainError):
     """The launcher was stopped by a signal (Ctrl-C, SIGTERM); the workers were stopped too."""
+
+    code = "ST-INTERRUPTED"
 
     def __init__(self, signal_name: str, signal_number: int):
         self.exit_code = 128 + signal_number
@@ -84,12 +92,14 @@ class SearchInterrupted(ScaletrainError):
     """`scaletrain tune` was stopped (Ctrl-C); Tune saved its state and --resume continues it."""
 
     exit_code = 130
+    code = "ST-SEARCH-INTERRUPTED"
 
 
 class RunPreempted(ScaletrainError):
     """SIGTERM/SIGUSR1 stopped the run at a step all ranks agreed on, after a checkpoint."""
 
     exit_code = PREEMPTED_EXIT_CODE
+    code = "ST-PREEMPTED"
 
     step: int | None  # None: killed before the agreed step was known (StopTimedOut)
 
@@ -111,6 +121,8 @@ class RunPreempted(ScaletrainError):
 class StopTimedOut(RunPreempted):
     """After a stop signal, workers still running when recovery.grace_period_s ran out were
     killed: their stop checkpoint, if they were writing one, is incomplete and never used."""
+
+    code = "ST-STOP-TIMED-OUT"
 
     def __init__(self, signal_name: str, grace_period_s: float, run_dir: str):
         ScaletrainError.__init__(

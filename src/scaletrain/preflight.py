@@ -47,6 +47,8 @@ DISK_MARGIN = 0.10  # beyond the checkpoints kept: logs, metrics, a slightly lar
 class PreflightError(ConfigError):
     """A pre-flight check failed: nothing was started (exit 2)."""
 
+    code = "ST-PREFLIGHT"
+
 
 @dataclass
 class Check:

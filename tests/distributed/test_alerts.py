@@ -66,7 +66,7 @@ def test_an_alert_fires_posts_its_webhook_and_stops_the_run_with_a_checkpoint(tm
         assert [r["level"] for r in alert_lines] == ["error"] and alert_lines[0]["labels"] == {"kind": "sample"}
         posted = [h["body"] for h in _Hook.received if h["body"]["status"] == "firing"]
         assert [(p["alert"], p["labels"], p["run_id"]) for p in posted] == [
-            ("ScaletrainErrorRateHigh", {"kind": "sample"}, outcome["run_id"])]
+            ("ScaletrainErrorRateHigh", {"kind": "sample"}, summary["run_id"])]
         # Resumed with the alert only warning, the run goes on to the end.
         resumed = scaletrain_cli("resume", str(run_dir), "--json", "--set",
                                  "observability.alerts.error_rate.action=warn", env=env)

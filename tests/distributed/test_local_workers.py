@@ -106,7 +106,7 @@ def test_cli_run_json_clean_exit_and_worker_logs(tmp_path):
     assert not [r for r in lines if any(key.startswith("_") for key in r)]  # no library's private extras
     # stderr is not a terminal here, so the workers' JSON lines reach it too.
     stderr_records = [json.loads(l) for l in result.stderr.splitlines() if l.startswith("{")]
-    assert {r["rank"] for r in stderr_records} == {0, 1}
+    assert {r["rank"] for r in stderr_records if r["logger"].startswith("scaletrain.")} == {0, 1}
 
 
 def test_cli_worker_failure_exit_code_and_message(tmp_path):

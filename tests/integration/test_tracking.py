@@ -60,16 +60,25 @@ def test_one_run_per_job_with_params_metrics_tags_artifacts_and_model(tmp_path, 
     assert {"job.yaml", "summary.json", "logs", "weights"} <= artifacts
     logs = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "logs")}
     assert {f"worker-{r}.jsonl" for r in range(workers)} <= logs
+    # MLflow 3's UI opens a model-training experiment in its training view, not GenAI's.
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    logged = client.search_logged_models(experiment_ids=[experiment.experiment_id])
     if workers == 1:  # tracking.log_model: false
-        assert "model" not in artifacts
+        assert "model" not in artifacts and len(logged) == 0
         return
-    assert "model" in artifacts
+    # The model is an MLflow 3 logged model of the run (the run page lists it; the UI registers
+    # it), not a copy among the run's artifacts.
+    (model_entity,) = logged
+    assert (model_entity.name, model_entity.source_run_id, str(model_entity.status)) == (
+        "model", run.info.run_id, "READY")
+    assert [o.model_id for o in run.outputs.model_outputs] == [model_entity.model_id]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # what runs:/ URIs resolve against
-    model = mlflow.pytorch.load_model(f"runs:/{run.info.run_id}/model")
     x = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
     import torch
 
-    assert tuple(model(torch.from_numpy(x)).shape) == (5, 4)
+    for source in (f"runs:/{run.info.run_id}/model", f"models:/{model_entity.model_id}"):
+        model = mlflow.pytorch.load_model(source)
+        assert tuple(model(torch.from_numpy(x)).shape) == (5, 4)
 
 
 def test_an_sqlite_stores_artifacts_live_beside_it_not_in_the_working_directory(tmp_path, monkeypatch):

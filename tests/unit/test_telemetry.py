@@ -103,3 +103,26 @@ def test_a_port_in_use_is_one_line_before_anything_starts(tmp_path):
         busy.close()
     assert str(raised.value).startswith(f"observability: cannot serve metrics on 127.0.0.1:{busy.port} (")
     assert "--metrics-port" in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_every_error_has_its_own_documented_code():
+    import importlib
+    import pkgutil
+
+    import scaletrain
+    from scaletrain.errors import ScaletrainError
+
+    for module in pkgutil.walk_packages(scaletrain.__path__, "scaletrain."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    classes = [ScaletrainError, *subclasses(ScaletrainError)]
+    codes = {cls.__name__: cls.code for cls in classes}
+    assert len(set(codes.values())) == len(codes), codes  # each its own
+    text = open("docs/observability.md", encoding="utf-8").read()
+    assert [code for code in codes.values() if f"| `{code}` |" not in text] == []

@@ -60,6 +60,8 @@ log = logging.getLogger("scaletrain.checkpoint")
 class CheckpointError(ScaletrainError):
     """A checkpoint cannot be used (message says why and what to do)."""
 
+    code = "ST-CHECKPOINT"
+
 
 @dataclass
 class Restored:

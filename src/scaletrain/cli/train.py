@@ -114,7 +114,7 @@ def _run_and_report(start: Callable[[], dict[str, Any]], as_json: bool) -> None:
 
 
 def _failed_outcome(exc: ScaletrainError) -> dict[str, Any]:
-    outcome: dict[str, Any] = {"status": "failed", "error": str(exc)}
+    outcome: dict[str, Any] = {"status": "failed", "error": str(exc), "code": exc.code}
     if isinstance(exc, RunPreempted):  # what `scaletrain resume` needs
         outcome.update(status="preempted", run_dir=exc.run_dir, steps=exc.step,
                        checkpoint_step=exc.checkpoint_step)

@@ -48,6 +48,8 @@ _NCCL_WITHOUT_CUDA = "scale.backend is nccl but this machine has no CUDA device;
 class PlacementError(ConfigError):
     """The workers do not fit the devices as asked (one line: what to change)."""
 
+    code = "ST-PLACEMENT"
+
 
 def choose_placement(
     env: DistEnv, backend: str = "auto", engine_device: torch.device | None = None

@@ -24,6 +24,8 @@ __all__ = ["StepOutput", "MetricsWindow", "TrainingDiverged", "step_time_summary
 class TrainingDiverged(ScaletrainError):
     """The loss became NaN or infinite."""
 
+    code = "ST-DIVERGED"
+
 
 @dataclass
 class StepOutput:

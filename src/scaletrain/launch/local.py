@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from scaletrain.config.schema import JobConfig
-from scaletrain.errors import RunInterrupted, StopTimedOut
+from scaletrain.errors import RunInterrupted, StopTimedOut, WorkerFailedError
 from scaletrain.launch.base import Launcher, checked_result
 from scaletrain.launch.rendezvous import Rendezvous
 from scaletrain.launch.rendezvous import register as register_rendezvous
@@ -175,7 +175,8 @@ def _attempt_logs(spec: RunSpec, host_store_for_workers: bool = False) -> Any:
                     ranks = {int(env["RANK"]) for env in envs.values() if "RANK" in env}
                     silent = {rank: _DIED_SILENTLY for rank in ranks - set(failed)}
                     _restart_log.warning("restarting the workers after %s",
-                                         worker_error(spec, failed, silent, self.earlier))
+                                         worker_error(spec, failed, silent, self.earlier),
+                                         extra={"code": WorkerFailedError.code})
             self.starts, self.earlier = self.starts + 1, now
             return super().reify(envs)
 

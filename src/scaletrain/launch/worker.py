@@ -31,7 +31,7 @@ from scaletrain.distributed.process_group import process_group
 from scaletrain.engine.control import Control
 from scaletrain.observe.telemetry import Telemetry
 from scaletrain.observe.telemetry import install as install_telemetry
-from scaletrain.recovery.attempts import restart_count, write_error
+from scaletrain.recovery.attempts import error_code, restart_count, write_error
 from scaletrain.recovery.faults import FaultPlan, deny_writes
 from scaletrain.recovery.signals import StopRequest
 from scaletrain.recovery.watchdog import Watchdog
@@ -126,7 +126,7 @@ def run_worker(
         # The launcher shows the user one line for the failure; the console needs no copy.
         log.error(
             "worker failed: %s: %s", type(exc).__name__, exc, exc_info=True,
-            extra={"console": False},
+            extra={"console": False, "code": error_code(exc)},
         )
         _report_failure(spec, env.rank, exc, redactor, context.step, attempt)
         raise

@@ -28,6 +28,7 @@ from scaletrain.observe.exporter import read_shares
 __all__ = ["AlertEvaluator", "AlertLoop", "Firing", "Snapshot", "WEBHOOK_ENV"]
 
 WEBHOOK_ENV = "SCALETRAIN_ALERT_WEBHOOK_URL"
+ALERT_CODE = "ST-ALERT"  # on an alert's error line (docs/observability.md)
 _KEPT_S = 40 * 60  # the longest rule looks 35 minutes back
 
 
@@ -213,7 +214,7 @@ class AlertLoop:
         self.fired.append(record)
         self.log.error("alert %s: %s", alert.alert, alert.description,
                        extra={"alert": alert.alert, "severity": alert.severity, "labels": alert.labels,
-                              "value": alert.value, "action": action})
+                              "value": alert.value, "action": action, "code": ALERT_CODE})
         self._post(alert, "firing")
         if action == "stop" and self.stopped_by is None:
             self.stopped_by = alert

@@ -198,7 +198,7 @@ def observed(config: Any, spec: Any, engine: str, logger: logging.Logger = log) 
             f"observability: cannot serve metrics on {settings.host}:{settings.port} ({exc.strerror or exc}); "
             "choose another port (--metrics-port N, or 0 for a free one) or set observability.enabled: false"
         ]) from None
-    logger.info("metrics for Prometheus on %s", endpoint.url, extra={"metrics_url": endpoint.url})
+    logger.info("metrics for Prometheus on %s", endpoint.url, extra={"metrics_url": endpoint.url, "console": False})
     telemetry.add("restarts_total", 0)  # there from the start: a first restart is an increase
     telemetry.flush(force=True)
     previous = install(telemetry)

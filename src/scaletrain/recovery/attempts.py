@@ -28,6 +28,12 @@ def restart_count() -> int:
     return int(count or 0)
 
 
+def error_code(exc: BaseException) -> str:
+    """The stable code of an error (docs/observability.md): ours, or ST-USER-ERROR for what the
+    job's own code or a library raised."""
+    return str(getattr(exc, "code", None) or "ST-USER-ERROR")
+
+
 def write_error(spec: RunSpec, rank: int, exc: BaseException, redactor: Redactor,
                 steps: int | None = None) -> dict[str, Any]:
     """A small JSON file per failed rank, so any launcher can show the user the real error (and
@@ -36,6 +42,7 @@ def write_error(spec: RunSpec, rank: int, exc: BaseException, redactor: Redactor
         "rank": rank,
         "steps": steps,
         "type": type(exc).__name__,
+        "code": error_code(exc),
         "message": redactor.text(str(exc)),
         "traceback": redactor.text(traceback.format_exc()),
         "timestamp": time.time(),

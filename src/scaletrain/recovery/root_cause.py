@@ -212,4 +212,6 @@ def _wait_name(frames: list[str]) -> str:
     TensorFlow job's compiled step, whose collectives run inside it."""
     if "/tensorflow/" in frames[0]:
         return "TensorFlow's compiled step"
+    if "/torch/autograd/" in frames[0]:  # DDP's and FSDP's collectives run inside backward
+        return "the gradients' all-reduce (backward)"
     return _frame_name(frames[0]).rsplit(" ", 1)[-1]

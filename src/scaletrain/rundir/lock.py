@@ -20,6 +20,7 @@ class RunInUse(ScaletrainError):
     """Another launcher holds the run directory: nothing was changed."""
 
     exit_code = 2
+    code = "ST-RUN-IN-USE"
 
 
 class RunLock:

@@ -6,6 +6,7 @@ metrics and the tracking process sends them.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import logging
@@ -37,19 +38,27 @@ def resolve_tracking_uri(config: JobConfig | None = None) -> str:
     return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
+# MLflow 3's UI opens an experiment in the view its kind names (GenAI's traces and evaluations
+# otherwise): scaletrain's experiments train models.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+
+
 def experiment_for(client: Any, uri: str, name: str) -> str:
     """The id of experiment ``name``, created if new. In an sqlite store its artifacts go beside
     the database (``<db folder>/mlruns/<name>``): MLflow's default, ``./mlruns`` of whatever
     folder the first run started in, scatters one store's artifacts over working directories."""
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
+        if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):  # a kind the user chose stays
+            with contextlib.suppress(Exception):
+                client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return experiment.experiment_id
     location = None
     if uri.startswith("sqlite:///"):
         folder = Path(uri.removeprefix("sqlite:///").split("?", 1)[0]).expanduser().resolve().parent
         location = (folder / "mlruns" / re.sub(r"[^\w.-]+", "_", name).strip("._")).as_uri()
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     except Exception:  # another run created it meanwhile
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
@@ -143,6 +152,26 @@ class TrackingRun:
                         self.client.log_artifact(self.run_id, os.path.join(folder, name), target or None)
         elif path.exists():
             self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_model(self, folder: str | Path, name: str, step: int | None) -> str:
+        """The saved model folder as an MLflow 3 logged model of this run (its page lists it; it
+        can be registered from the UI; ``runs:/<run>/<name>`` and ``models:/<id>`` load it);
+        returns its id."""
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+
+        run = self.client.get_run(self.run_id)
+        model = self.client.create_logged_model(
+            experiment_id=run.info.experiment_id, name=name, source_run_id=self.run_id,
+            tags={"scaletrain.run_id": run.data.tags.get("scaletrain.run_id", "")},
+        )
+        try:
+            self.client.log_model_artifacts(model.model_id, str(folder))
+        except Exception:
+            self.client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+            raise
+        self.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+        self.client.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step or 0)])
+        return str(model.model_id)
 
     def finish(self, status: str, tags: dict[str, Any] | None = None, restarts: int = 0) -> None:
         """``status``: FINISHED, FAILED or KILLED. ``restarts``: this attempt's worker restarts,

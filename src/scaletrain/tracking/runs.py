@@ -19,11 +19,14 @@ __all__ = ["RunNotFound", "TrackingReadError", "list_runs", "find_run", "run_det
 
 class RunNotFound(ScaletrainError):
     exit_code = 2
+    code = "ST-RUN-NOT-FOUND"
 
 
 class TrackingReadError(ScaletrainError):
     """The tracking store did not answer as asked (auth, network, a broken artifact store):
     said as such, never taken for a run or artifact that is not there."""
+
+    code = "ST-TRACKING-READ"
 
 
 def _client(uri: str) -> Any:

@@ -119,7 +119,11 @@ def _finish(run: Any, command: dict[str, Any], log: logging.Logger) -> str | Non
     """Log the artifacts and the final status; returns the error, if any."""
     try:
         for path, artifact_path in command.get("artifacts", []):
-            run.log_artifact(path, artifact_path)
+            if artifact_path == "model" and Path(path, "MLmodel").is_file():  # an MLflow 3 logged model
+                model_id = run.log_model(path, "model", (command.get("tags") or {}).get("scaletrain.steps"))
+                log.info("logged model %s of run %s", model_id, run.run_id)
+            else:
+                run.log_artifact(path, artifact_path)
         run.finish(command["status"], command.get("tags") or {}, restarts=command.get("restarts", 0))
         return None
     except Exception as exc:
