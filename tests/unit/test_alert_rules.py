@@ -56,3 +56,72 @@ def test_a_restart_in_the_last_15_minutes():
     snaps = minutes(30, restarts=lambda m: float(m >= 3))
     assert run(snaps[:6]) == [("ScaletrainWorkersRestarted", {}, 1.0)]
     assert run(snaps) == []
+
+
+def test_the_webhook_is_posted_with_retries_and_its_url_never_logged(tmp_path, monkeypatch, caplog):
+    """The first POST gets a 503, the second is taken: one delivery, retried, and the URL (a
+    secret) in no log line."""
+    import http.server
+    import json
+    import logging
+    import threading
+    import time
+
+    from scaletrain.observe import alerts as alerts_module
+    from scaletrain.observe.alerts import AlertLoop
+    from scaletrain.observe.telemetry import Telemetry
+
+    got: list[dict] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        calls = 0
+
+        def do_POST(self):  # noqa: N802  http.server's name
+            Hook.calls += 1
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(503 if Hook.calls == 1 else 200)
+            self.end_headers()
+            if Hook.calls > 1:
+                got.append(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/hooks/T0/B0/s3cr3t"
+    monkeypatch.setenv(alerts_module.WEBHOOK_ENV, url)
+    monkeypatch.setattr(alerts_module, "RETRY_DELAY_S", 0.01)
+    share = Telemetry(tmp_path / "rank-0.json", {"rank": "0"}, every_s=0)
+    loop = AlertLoop(AlertsConfig(), tmp_path, {"run_id": "r1", "job": "toy"}, logging.getLogger("test.alerts"))
+    with caplog.at_level(logging.INFO, logger="test.alerts"):
+        loop.evaluate()  # the baseline: nothing counted yet
+        share.work("sample", 100, errors=20)
+        share.flush()
+        loop.evaluate()
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.05)
+    server.shutdown()
+    server.server_close()
+    assert Hook.calls == 2 and len(got) == 1
+    assert (got[0]["status"], got[0]["alert"], got[0]["labels"], got[0]["run_id"]) == (
+        "firing", "ScaletrainErrorRateHigh", {"kind": "sample"}, "r1")
+    assert got[0]["value"] == 0.2 and [f["alert"] for f in loop.fired] == ["ScaletrainErrorRateHigh"]
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith("alert ScaletrainErrorRateHigh: sample errors are 20.0% of the sample work")
+    assert not any("s3cr3t" in line for line in said)
+
+
+def test_a_webhook_that_is_not_http_is_refused_in_one_warning(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from scaletrain.observe import alerts as alerts_module
+    from scaletrain.observe.alerts import AlertLoop
+
+    monkeypatch.setenv(alerts_module.WEBHOOK_ENV, "file:///etc/passwd")
+    with caplog.at_level(logging.WARNING, logger="test.alerts"):
+        loop = AlertLoop(AlertsConfig(), tmp_path, {}, logging.getLogger("test.alerts"))
+    assert loop.webhook is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "SCALETRAIN_ALERT_WEBHOOK_URL is not an http(s) URL: alerts are not posted to it"]

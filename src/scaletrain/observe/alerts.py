@@ -230,9 +230,12 @@ class AlertLoop:
                          daemon=True).start()
 
 
+RETRY_DELAY_S = 1.0  # then doubled after each failed try
+
+
 def _deliver(url: str, body: bytes, log: logging.Logger, tries: int = 4) -> None:
     """POST with retries (1, 2, 4 s apart); a failure is one warning, never the run's."""
-    delay = 1.0
+    delay = RETRY_DELAY_S
     for attempt in range(1, tries + 1):
         request = urllib.request.Request(  # noqa: S310  http(s) only: checked in AlertLoop
             url, data=body, method="POST", headers={"Content-Type": "application/json"})
