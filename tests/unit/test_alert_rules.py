@@ -7,8 +7,8 @@ from scaletrain.config.schema import AlertsConfig
 from scaletrain.observe.alerts import AlertEvaluator, Snapshot
 
 
-def run(snapshots: list[Snapshot], **settings) -> list[tuple[str, dict, float]]:
-    evaluator = AlertEvaluator(AlertsConfig.model_validate(settings))
+def run(snapshots: list[Snapshot], started_at: float = 0.0, **settings) -> list[tuple[str, dict, float]]:
+    evaluator = AlertEvaluator(AlertsConfig.model_validate(settings), started_at)
     for snap in snapshots:
         evaluator.add(snap)
     return [(f.alert, f.labels, round(f.value, 3)) for f in evaluator.evaluate()]
@@ -32,6 +32,8 @@ def test_no_progress_after_the_last_step():
     snaps = minutes(18, last_step_at=lambda m: 60.0 * min(m, 5) + 60)
     assert run(snaps[:17]) == []  # 600 s since the last step, not more
     assert run(snaps) == [("ScaletrainNoProgress", {}, 720.0)]
+    # A resumed run: its last step is hours old, but this launch started 5 minutes ago.
+    assert run(snaps, started_at=60.0 * 13) == []
 
 
 def test_throughput_halved_against_the_30_minutes_before():
@@ -44,6 +46,7 @@ def test_a_stale_checkpoint_while_steps_go_on():
     snaps = minutes(61, last_checkpoint_at=lambda m: 0.0, last_step_at=lambda m: 60.0 * m)
     assert run(snaps[:60]) == []
     assert run(snaps) == [("ScaletrainCheckpointStale", {}, 3660.0)]
+    assert run(snaps, started_at=60.0 * 30) == []  # resumed from that checkpoint 31 minutes ago
 
 
 def test_a_growing_metrics_backlog():
@@ -125,3 +128,26 @@ def test_a_webhook_that_is_not_http_is_refused_in_one_warning(tmp_path, monkeypa
     assert loop.webhook is None
     assert [r.getMessage() for r in caplog.records] == [
         "SCALETRAIN_ALERT_WEBHOOK_URL is not an http(s) URL: alerts are not posted to it"]
+
+
+def test_a_stop_with_no_handler_to_take_it_is_a_warning_not_a_killed_launcher(tmp_path, monkeypatch, caplog):
+    import logging
+    import signal
+
+    from scaletrain.observe.alerts import AlertLoop
+    from scaletrain.observe.telemetry import Telemetry
+
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.SIG_DFL)  # no stop handler installed
+    sent = []
+    monkeypatch.setattr("os.kill", lambda pid, signum: sent.append(signum))
+    share = Telemetry(tmp_path / "rank-0.json", {"rank": "0"}, every_s=0)
+    loop = AlertLoop(AlertsConfig.model_validate({"error_rate": {"action": "stop"}}), tmp_path, {},
+                     logging.getLogger("test.alerts"))
+    with caplog.at_level(logging.WARNING, logger="test.alerts"):
+        loop.evaluate()
+        share.work("sample", 100, errors=20)
+        share.flush()
+        loop.evaluate()
+    assert sent == [] and loop.stopped_by is None
+    assert "alert ScaletrainErrorRateHigh asks to stop the run, but it cannot be stopped at this point" in [
+        r.getMessage() for r in caplog.records]

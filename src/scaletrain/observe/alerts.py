@@ -88,8 +88,11 @@ class Firing:
 class AlertEvaluator:
     """The rules over the snapshots; ``evaluate`` returns what fires now."""
 
-    def __init__(self, settings: Any):
+    def __init__(self, settings: Any, started_at: float = 0.0):
         self.settings = settings
+        # This launch's start: a resumed run's last step or checkpoint, hours old, is no
+        # evidence of a stall now; time-based rules count from here at the earliest.
+        self.started_at = started_at
         self.history: deque[Snapshot] = deque()
 
     def add(self, snap: Snapshot) -> None:
@@ -127,7 +130,7 @@ class AlertEvaluator:
                         f"{now.at - base.at:.0f} s ({errors:g} of {units:g}; threshold {s.error_rate.threshold:.0%})",
                         "warning"))
         if s.no_progress.action != "off" and now.last_step_at is not None:
-            idle = now.at - now.last_step_at
+            idle = now.at - max(now.last_step_at, self.started_at)
             if idle > s.no_progress.after_s:
                 found.append(Firing("ScaletrainNoProgress", "no_progress", {}, idle,
                                     f"no rank finished a step for {idle:.0f} s", "critical"))
@@ -141,7 +144,7 @@ class AlertEvaluator:
                                         f"{rate_now:.1f} samples/s over 5 minutes, under half of the "
                                         f"{rate_before:.1f} of the 30 minutes before", "warning"))
         if s.checkpoint_stale.action != "off" and now.last_checkpoint_at is not None and now.last_step_at is not None:
-            age = now.at - now.last_checkpoint_at
+            age = now.at - max(now.last_checkpoint_at, self.started_at)
             if age > s.checkpoint_stale.after_s and now.at - now.last_step_at < 600:
                 found.append(Firing("ScaletrainCheckpointStale", "checkpoint_stale", {}, age,
                                     f"the newest checkpoint is {age:.0f} s old while training goes on", "warning"))
@@ -166,7 +169,8 @@ class AlertLoop:
 
     def __init__(self, settings: Any, directory: Path, info: dict[str, str], logger: logging.Logger):
         self.settings, self.directory, self.info, self.log = settings, Path(directory), info, logger
-        self.evaluator = AlertEvaluator(settings)
+        self.evaluator = AlertEvaluator(settings, started_at=time.time())
+        self.can_stop = True  # until the launch ends: a stop signal then would find no handler
         self.active: dict[Any, Firing] = {}
         self.fired: list[dict[str, Any]] = []  # every alert that fired, for the summary and MLflow
         self.stopped_by: Firing | None = None
@@ -183,6 +187,7 @@ class AlertLoop:
         return self
 
     def close(self) -> None:
+        self.can_stop = False
         self._stop.set()
         self._thread.join(timeout=10)
         self.evaluate()  # what the workers counted last
@@ -216,11 +221,17 @@ class AlertLoop:
                        extra={"alert": alert.alert, "severity": alert.severity, "labels": alert.labels,
                               "value": alert.value, "action": action, "code": ALERT_CODE})
         self._post(alert, "firing")
-        if action == "stop" and self.stopped_by is None:
+        if action == "stop" and self.stopped_by is None and self.can_stop:
+            # The launcher's stop path, as on preemption; only where a handler takes the signal
+            # (SIGUSR1's default action would end this process outright).
+            if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, signal.SIG_IGN, None):
+                self.log.warning("alert %s asks to stop the run, but it cannot be stopped at this point",
+                                 alert.alert)
+                return
             self.stopped_by = alert
             self.log.error("stopping the run at a step every rank agrees on, with a checkpoint "
                            "(observability.alerts.%s.action: stop)", alert.key)
-            os.kill(os.getpid(), signal.SIGUSR1)  # the launcher's stop path, as on preemption
+            os.kill(os.getpid(), signal.SIGUSR1)
 
     def _post(self, alert: Firing, status: str) -> None:
         if not self.webhook:
