@@ -289,8 +289,8 @@ def test_a_stop_checkpoint_that_outlasts_the_grace_period_is_not_used(tmp_path, 
     assert time.monotonic() - stopped_at < 3 + 30, "the grace period ended the stalled save"
     run_dir = metrics.parent
     assert launcher.returncode == 75, err[-3000:]
-    assert json.loads(out) == {"status": "preempted", "error": json.loads(out)["error"], "run_dir": str(run_dir),
-                               "steps": None, "checkpoint_step": None}
+    assert json.loads(out) == {"status": "preempted", "error": json.loads(out)["error"], "code": "ST-STOP-TIMED-OUT",
+                               "run_dir": str(run_dir), "steps": None, "checkpoint_step": None}
     assert [l for l in err.splitlines() if l.startswith("error: ")] == [
         "error: preempted by SIGTERM; the workers were still running 3 s later (recovery.grace_period_s), "
         "saving their stop checkpoint or stuck, and were killed: that checkpoint is incomplete and will not "
