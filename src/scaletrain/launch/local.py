@@ -158,12 +158,11 @@ def _attempt_logs(spec: RunSpec, host_store_for_workers: bool = False) -> Any:
             for env in envs.values():
                 env[RESTART_COUNT_ENV] = str(self.starts)
             now = failure_files(spec)
-            if self.starts:  # a restart, after a failure: for the metrics endpoint
+            if self.starts:  # a restart: counted for the metrics endpoint, and said where the user looks
                 figures = telemetry()
                 figures.add("restarts_total")
                 figures.work("attempt", 1, errors=1)
                 figures.flush(force=True)
-            if self.starts:  # a restart: say why, where the user looks (launcher.jsonl)
                 # An error, or a hang's stacks (a watchdog's empty stacks file is no failure: a
                 # rank killed outright leaves its own behind).
                 failed = sorted({int(path.rsplit("worker-", 1)[1].split(".")[0]) for path, state in now.items()
