@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from scaletrain.recovery.watchdog import PEER_HANG_MARK
 from tests.helpers.run import REPO
 
 pytestmark = pytest.mark.distributed
@@ -93,13 +94,18 @@ def test_a_failing_script_names_the_rank_and_its_exception(tmp_path):
 
 
 def test_a_hung_script_is_dumped_and_named(tmp_path):
-    code, out, err = launch(tmp_path, "--set", "recovery.hang_timeout_s=4", script_args=["--steps", "10", "--hang-at", "2"])
+    # Rank 1 sleeps; rank 0 computes 3.5 s more, then waits for it in DDP's all-reduce: when rank 1
+    # times out (4 s) rank 0 has been silent too short to time out itself; asked by rank 1's
+    # worker, it dumps where it waits. The stacks tell them apart.
+    code, out, err = launch(tmp_path, "--set", "recovery.hang_timeout_s=4",
+                            script_args=["--steps", "10", "--hang-at", "2", "--busy-at-hang", "3.5"])
     assert code == 1
-    # Rank 1 sleeps; rank 0 waits for it in DDP's all-reduce: the stacks tell them apart.
     assert re.search(r"error: worker rank 1 failed: made no progress for 4 s, in torchrun_ddp\.py:\d+ main "
                      r"\(hang watchdog; rank 0 waited for it in the gradients' all-reduce \(backward\)\)", err), err[-2000:]
     stacks = next((tmp_path / "runs" / "torchrun_ddp").glob("*/logs/worker-1.stacks.txt")).read_text()
     assert "torchrun_ddp.py" in stacks and "in main" in stacks
+    peer = next((tmp_path / "runs" / "torchrun_ddp").glob("*/logs/worker-0.stacks.txt")).read_text()
+    assert peer.startswith(PEER_HANG_MARK) and "in backward" in peer, peer[:500]
 
 
 def test_the_same_script_runs_under_torchrun(tmp_path):

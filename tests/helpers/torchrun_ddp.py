@@ -22,6 +22,7 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--fail-at", type=int, default=-1)
     parser.add_argument("--hang-at", type=int, default=-1)
+    parser.add_argument("--busy-at-hang", type=float, default=0.0)  # seconds rank 0 computes then
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -41,6 +42,10 @@ def main() -> None:
             raise ValueError(f"bad batch at step {step}")
         if step == args.hang_at and rank == world - 1:
             time.sleep(3600)  # a deadlock: no output, no CPU time
+        if step == args.hang_at and rank == 0:
+            end = time.monotonic() + args.busy_at_hang
+            while time.monotonic() < end:  # busy (CPU time: progress), then it waits for rank 1
+                pass
         if rank == 0:
             mlflow.log_metric("loss", loss.item(), step=step)
         print(f"rank {rank} step {step} loss {loss.item():.4f} restarts {os.environ.get('TORCHELASTIC_RESTART_COUNT')}",

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from scaletrain.observe.telemetry import StepMark
-from scaletrain.recovery.root_cause import failure_files, worker_error
+from scaletrain.recovery.root_cause import failure_files, holds_hang, worker_error
+from scaletrain.recovery.watchdog import PEER_HANG_MARK
 from scaletrain.rundir import RunSpec
 from tests.helpers.tasks import toy_job
 
@@ -317,3 +318,68 @@ def test_tensorflows_lost_peer_is_an_echo_of_the_rank_killed_outright(spec):
     killed = "exited with signal SIGKILL (out of memory?)"
     err = worker_error(spec, [0], {1: killed})
     assert (err.rank, str(err)) == (1, f"worker rank 1 failed: {killed} {details(spec, 1)}")
+
+
+# A script's (scaletrain launch): faulthandler.register dumps on a signal, after a header the script
+# worker writes (a hang's is shaped like the watchdog's; a peer that waited, asked for its stacks by
+# the hung rank's worker, gets the peer mark: script_worker._end_hung and main).
+SCRIPT_HUNG = """\
+Timeout (4 s without progress)!
+Current thread 0x00007f1e3b1a4b80 (most recent call first):
+  File "/home/me/project/train.py", line 43 in main
+  File "/home/me/project/train.py", line 53 in <module>
+  File "<frozen runpy>", line 88 in _run_code
+"""
+
+SCRIPT_IN_BACKWARD = """\
+Current thread 0x00007f1e3b1a4b80 (most recent call first):
+  File "/opt/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward
+  File "/opt/venv/lib/python3.11/site-packages/torch/autograd/__init__.py", line 395 in backward
+  File "/opt/venv/lib/python3.11/site-packages/torch/_tensor.py", line 623 in backward
+  File "/home/me/project/train.py", line 38 in main
+  File "<frozen runpy>", line 88 in _run_code
+"""
+
+
+def asked(frames):
+    return f"{PEER_HANG_MARK} (3.1 s without progress)\n{frames}"
+
+
+def test_a_peer_asked_for_its_stacks_is_said_to_wait_for_the_hung_rank(spec):
+    """Rank 1's script hung; rank 0, silent too short for its own hang check, dumped its stacks
+    when rank 1's worker asked: its wait is in the line, and it is not blamed."""
+    earlier = failure_files(spec)
+    write_stacks(spec, 1, SCRIPT_HUNG)
+    write_stacks(spec, 0, asked(SCRIPT_IN_BACKWARD))
+    err = worker_error(spec, [0, 1], {0: "exited with code 1", 1: "exited with code 1"}, earlier)
+    assert str(err) == (
+        "worker rank 1 failed: made no progress for 8 s, in train.py:43 main (hang watchdog; rank 0 waited for "
+        f"it in the gradients' all-reduce (backward)); every thread's stack is in {spec.worker_stacks(1)} "
+        f"{details(spec, 1)}"
+    )
+    assert not holds_hang(spec.worker_stacks(0), earlier) and holds_hang(spec.worker_stacks(1), earlier)
+
+
+def test_a_peers_dump_is_no_hang_of_its_own(spec):
+    """Rank 1 was killed outright; rank 0's stacks, dumped for a peer, change nothing."""
+    write_stacks(spec, 0, SCRIPT_HUNG)  # an earlier attempt's hang
+    earlier = failure_files(spec)
+    with open(spec.worker_stacks(0), "a", encoding="utf-8") as stacks:
+        stacks.write(asked(SCRIPT_IN_BACKWARD))
+    for rank, mtime in ((0, 200), (1, 100)):  # rank 1 fell silent first
+        spec.worker_log(rank).write_text("{}\n", encoding="utf-8")
+        os.utime(spec.worker_log(rank), (mtime, mtime))
+    killed = "exited with signal SIGKILL (out of memory?)"
+    assert not holds_hang(spec.worker_stacks(0), earlier)
+    err = worker_error(spec, [0, 1], {0: "exited with code 1", 1: killed}, earlier)
+    assert (err.rank, str(err)) == (1, f"worker rank 1 failed: {killed} {details(spec, 1)}")
+
+
+def test_a_hang_after_an_earlier_attempts_peer_dump_is_this_attempts_hang(spec):
+    write_stacks(spec, 1, asked(SCRIPT_IN_BACKWARD))
+    earlier = failure_files(spec)
+    with open(spec.worker_stacks(1), "a", encoding="utf-8") as stacks:
+        stacks.write(SCRIPT_HUNG)
+    assert holds_hang(spec.worker_stacks(1), earlier)
+    err = worker_error(spec, [1], {1: "exited with code 1"}, earlier)
+    assert "worker rank 1 failed: made no progress for 8 s, in train.py:43 main (hang watchdog);" in str(err)

@@ -16,7 +16,10 @@ can have.
   (its process and their children: a step that computes without printing is progress, a
   process blocked in a collective or a deadlock is not). The child's every thread's stack is
   dumped (faulthandler, registered for SIGUSR2 before the script runs), then it is killed, and
-  the attempt fails as a hang: restarted when restarts are left.
+  the attempt fails as a hang: restarted when restarts are left. Before it is killed, its peers
+  on this node are asked for their stacks: those waiting (silent a second or more) dump them,
+  marked as a peer's (never a hang of their own), and the failure's line says what they waited
+  in ("rank 0 waited for it in the gradients' all-reduce").
 - A script that fails leaves this rank's error file (the exception from the last lines of its
   stderr): the launcher names the root cause as for tasks.
 
@@ -39,8 +42,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from scaletrain.recovery.attempts import restart_count
-from scaletrain.recovery.watchdog import grace_s
-from scaletrain.rundir import HEARTBEAT_ENV, METRICS_FILE, SCRIPT_SPEC_ENV, RunSpec
+from scaletrain.recovery.watchdog import PEER_HANG_MARK, grace_s
+from scaletrain.rundir import HEARTBEAT_ENV, METRICS_FILE, PEER_HANG_REQUEST, SCRIPT_SPEC_ENV, RunSpec
 from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.tracking.logs import LogContext, setup_logging
 from scaletrain.tracking.redact import Redactor
@@ -52,6 +55,9 @@ log = logging.getLogger("scaletrain.script")
 STACKS_SIGNAL = signal.SIGUSR2  # the child dumps every thread's stack on it (faulthandler)
 _FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 _POLL_S = 0.2
+# A peer's hang asks this node's ranks for their stacks (PEER_HANG_REQUEST): a script silent this
+# long then waits (for it, most likely) and is dumped; one busy computing is not.
+_PEER_DUMP_AFTER_S = 1.0
 _TAIL_LINES = 60
 
 # Runs in the child before the script: python's own `python train.py ARGS`, plus faulthandler
@@ -171,20 +177,27 @@ def main(argv: list[str] | None = None) -> int:
         except ProcessLookupError:
             pass
 
-    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     assert child.stdout is not None and child.stderr is not None  # noqa: S101  both piped above
     outputs = [_Output(child.stdout, sys.stdout, "stdout", redactor),
                _Output(child.stderr, sys.stderr, "stderr", redactor)]
+    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    progress = _Progress(child.pid, heartbeat, outputs)
     timeout = float(job.get("recovery", {}).get("hang_timeout_s", 900.0))
     hung = False
+    request, started, dumped_for_peer = spec.logs_dir / PEER_HANG_REQUEST, time.time(), False
     try:
-        progress = _Progress(child.pid, heartbeat, outputs)
         while child.poll() is None:
             time.sleep(_POLL_S)
-            if not stopped and progress.silent_for() > timeout:
+            silent = progress.silent_for()
+            if not stopped and silent > timeout:
                 hung = True
-                _end_hung(child, stacks, timeout, progress.reports)
+                _end_hung(child, stacks, timeout, progress.reports, request, rank)
                 break
+            if not dumped_for_peer and silent >= _PEER_DUMP_AFTER_S and _requested(request, started):
+                dumped_for_peer = True
+                with open(stacks, "a", encoding="utf-8") as file:
+                    file.write(f"{PEER_HANG_MARK} ({silent:.1f} s without progress)\n")
+                _dump_stacks(child, stacks, wait_s=2.0)
         code = child.wait()
         for output in outputs:
             output.thread.join(timeout=5)
@@ -225,22 +238,32 @@ def _mlflow_env(spec: RunSpec, job: dict[str, Any], script: dict[str, Any]) -> d
     return {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": recorded["run_id"]}
 
 
-def _end_hung(child: subprocess.Popen, stacks: Path, timeout: float, reports: bool) -> None:
+def _requested(request: Path, since: float) -> bool:
+    """Whether a peer on this node asked for every rank's stacks during this attempt."""
+    try:
+        return request.stat().st_mtime >= since
+    except OSError:
+        return False
+
+
+def _end_hung(child: subprocess.Popen, stacks: Path, timeout: float, reports: bool, request: Path,
+              rank: int) -> None:
     import psutil
 
     why = "no scaletrain.report() or should_stop() call" if reports else "no output and no CPU time used"
     log.error("the script made no progress for %g s (%s); dumping its stacks to %s and ending it",
               timeout, why, stacks, extra={"console": False})
-    size = stacks.stat().st_size if stacks.exists() else 0
-    try:
-        child.send_signal(STACKS_SIGNAL)
-    except ProcessLookupError:
+    # A header shaped like the watchdog's (faulthandler's "Timeout (0:00:04)!"): where this dump
+    # starts, for the root cause, after an earlier attempt's in the same file.
+    with open(stacks, "a", encoding="utf-8") as file:
+        file.write(f"Timeout ({timeout:g} s without progress)!\n")
+    if not _dump_stacks(child, stacks, wait_s=5.0):
         return
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (not stacks.exists() or stacks.stat().st_size == size):
-        time.sleep(0.05)
-    # Its peers, silent as long (waiting for it in a collective), dump meanwhile: ended at once,
-    # this rank would have the launcher stop them before the hung rank's stacks are written.
+    # Its peers dump meanwhile: those silent as long time out themselves; the others on this node
+    # are asked (the request file), and dump once silent for a second (waiting for this rank in a
+    # collective). Ended at once, this script would have its peers fail (a connection closed
+    # under their collective) and be stopped before their stacks say what they waited in.
+    write_text_atomic(request, f"rank {rank}\n")
     time.sleep(grace_s(timeout))
     try:
         family = [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]
@@ -251,6 +274,20 @@ def _end_hung(child: subprocess.Popen, stacks: Path, timeout: float, reports: bo
             process.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def _dump_stacks(child: subprocess.Popen, stacks: Path, wait_s: float) -> bool:
+    """Has the child's faulthandler append every thread's stack to ``stacks``; waits until it
+    did (up to ``wait_s``). False when the child is gone."""
+    size = stacks.stat().st_size if stacks.exists() else 0
+    try:
+        child.send_signal(STACKS_SIGNAL)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and (not stacks.exists() or stacks.stat().st_size == size):
+        time.sleep(0.05)
+    return True
 
 
 def _outcome(spec: RunSpec, rank: int, local_rank: int, code: int, stopped: list[str], hung: bool,

@@ -15,7 +15,7 @@ from typing import Any
 
 from scaletrain.errors import WorkerFailedError
 from scaletrain.observe.telemetry import read_step_mark
-from scaletrain.recovery.watchdog import RESUMED_MARK
+from scaletrain.recovery.watchdog import PEER_HANG_MARK, RESUMED_MARK
 from scaletrain.rundir import RunSpec
 
 __all__ = ["worker_error", "failure_files", "FileState", "holds_hang"]
@@ -90,7 +90,7 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str],
     errors = {rank: e for rank in ranks if (e := _read_error(spec, rank, earlier)) is not None}
     hung = _hung_ranks(spec, ranks, earlier)
     if hung and not errors:  # the watchdog ended them: that is the story, not their exit code
-        fallback = _hang_story(spec, hung)
+        fallback = _hang_story(spec, hung, _asked_ranks(spec, ranks, earlier))
     bad_input = False
     if errors:
         rank = min(errors, key=lambda r: (_is_echo(errors[r]), errors[r].get("timestamp", 0)))
@@ -117,13 +117,16 @@ def worker_error(spec: RunSpec, ranks: Iterable[int], fallback: dict[int, str],
     )
 
 
-def _hang_story(spec: RunSpec, hung: list[int]) -> dict[int, str]:
+def _hang_story(spec: RunSpec, hung: list[int], asked: list[int]) -> dict[int, str]:
     """What each blamed rank's line says: no progress for how long, after which step and where
-    (the innermost frame of its training thread), and what its peers waited in."""
+    (the innermost frame of its training thread), and what its peers waited in (a peer's stacks
+    are from its own watchdog, or, ``asked``, dumped when a hung peer asked for them)."""
     timeout = spec.job.get("recovery", {}).get("hang_timeout_s")
-    frames = {r: _training_frames(spec.worker_stacks(r)) for r in hung}
-    waiting = [r for r in hung if _waiting(frames[r])]
-    stuck = [r for r in hung if r not in waiting]
+    frames = {r: _training_frames(spec.worker_stacks(r)) for r in [*hung, *asked]}
+    waiting = sorted(r for r in frames if _waiting(frames[r]))
+    # An asked rank that was not waiting in a collective is the hang its peers waited for (a
+    # script's peers can time out first: a script's silence is measured, not marked).
+    stuck = sorted(r for r in frames if r not in waiting)
     waits = sorted({_wait_name(frames[r]) for r in waiting})
     what = waits[0] if len(waits) == 1 else "a collective"
     ranks = ("rank " if len(waiting) == 1 else "ranks ") + ", ".join(map(str, waiting))
@@ -148,23 +151,42 @@ def _last_heard(spec: RunSpec, rank: int) -> float:
         return float("inf")
 
 
-def holds_hang(path: Any, earlier: dict[str, FileState]) -> bool:
-    """Whether a stacks file holds a hang of this attempt: a dump written since ``earlier`` that
-    its rank did not go on from (a slow rank's dump is marked resumed by the watchdog)."""
+def _written_since(path: Any, earlier: dict[str, FileState]) -> str:
+    """What a stacks file gained since ``earlier`` (the whole file if it was replaced)."""
     state = _state(path)
     if state is None or state[2] == 0 or _earlier(path, earlier):
-        return False
+        return ""
+    before = earlier.get(str(path))
+    start = before[2] if before is not None and before[0] == state[0] and before[2] <= state[2] else 0
     try:
         with open(path, "rb") as file:
-            file.seek(max(0, state[2] - 512))
-            tail = file.read().decode("utf-8", errors="replace")
+            file.seek(start)
+            return file.read().decode("utf-8", errors="replace")
     except OSError:
-        return False
-    return RESUMED_MARK not in tail.rsplit("Timeout (", 1)[-1]
+        return ""
+
+
+def holds_hang(path: Any, earlier: dict[str, FileState]) -> bool:
+    """Whether a stacks file holds a hang of this attempt: a dump written since ``earlier`` that
+    its rank did not go on from (a slow rank's dump is marked resumed by the watchdog), and not
+    one it took because a hung peer asked (marked by PEER_HANG_MARK)."""
+    written = _written_since(path, earlier)
+    return bool(written) and PEER_HANG_MARK not in written and RESUMED_MARK not in _last_dump(written)
 
 
 def _hung_ranks(spec: RunSpec, ranks: Iterable[int], earlier: dict[str, FileState]) -> list[int]:
     return [rank for rank in ranks if holds_hang(spec.worker_stacks(rank), earlier)]
+
+
+def _asked_ranks(spec: RunSpec, ranks: Iterable[int], earlier: dict[str, FileState]) -> list[int]:
+    """The ranks that dumped their stacks because a hung peer asked (this attempt)."""
+    return [rank for rank in ranks if PEER_HANG_MARK in _written_since(spec.worker_stacks(rank), earlier)]
+
+
+def _last_dump(text: str) -> str:
+    """The last dump in a stacks file's text: after the last watchdog timeout or stop mark."""
+    at = max(text.rfind("Timeout ("), text.rfind(PEER_HANG_MARK))
+    return text if at < 0 else text[at:]
 
 
 # A thread that trains: the loop, or a runner (the rest are helpers: tracking, checkpoint writers).
@@ -179,7 +201,7 @@ def _training_frames(path: Any) -> list[str]:
     """The training thread's frames in the last dump of a stacks file, innermost first (a
     script's: the thread the dump was taken on)."""
     try:
-        dump = path.read_text(encoding="utf-8", errors="replace").rsplit("Timeout (", 1)[-1]
+        dump = _last_dump(path.read_text(encoding="utf-8", errors="replace"))
     except OSError:
         return []
     blocks = dump.split("\n\n")

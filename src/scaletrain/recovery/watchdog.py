@@ -22,12 +22,15 @@ import time
 from pathlib import Path
 from typing import IO
 
-__all__ = ["Watchdog", "grace_s", "RESUMED_MARK"]
+__all__ = ["Watchdog", "grace_s", "RESUMED_MARK", "PEER_HANG_MARK"]
 
 log = logging.getLogger(__name__)
 
 # Appended after a dump when the rank went on (see is_hang_dump in recovery/root_cause.py).
 RESUMED_MARK = "Resumed: this rank made progress again after the dump above (slow, not hung)."
+# Written before a dump a rank took because a peer hung (a script's, asked by the hung rank's
+# worker): where it waited, for the root cause; never a hang of its own.
+PEER_HANG_MARK = "Peer hung: a peer made no progress; this rank's stacks while it waited:"
 
 
 class Watchdog:

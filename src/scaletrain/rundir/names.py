@@ -6,7 +6,7 @@ from __future__ import annotations
 __all__ = [
     "SPEC_FILE", "SUMMARY_FILE", "JOB_FILE", "METRICS_FILE", "RUN_CARD_FILE", "WEIGHTS_FILE",
     "LOCK_FILE", "LOGS_DIR", "LAUNCHER_LOG", "NODE_RESULT_FILE", "CHECKPOINTS_DIR", "CHECKPOINT_CACHE_DIR",
-    "TRACKING_DIR", "MLFLOW_RUN_FILE", "TELEMETRY_DIR", "worker_log_name", "worker_error_name", "worker_stacks_name", "worker_step_name",
+    "TRACKING_DIR", "MLFLOW_RUN_FILE", "TELEMETRY_DIR", "PEER_HANG_REQUEST", "worker_log_name", "worker_error_name", "worker_stacks_name", "worker_step_name",
     "RESTART_COUNT_ENV", "FAULT_ENV", "DENY_WRITES_ENV", "CHECKPOINT_KEY_ENV", "NODE_RANK_ENV",
     "DRIVER_STORE_ENV", "NODE_DIR_ENV", "RAY_NODE_LOCAL_ENV", "TRACKING_TAGS_ENV", "EXTRA_TAGS_ENV",
     "LOOP_FILE_ENV", "LOOP_KEY_ENV", "SCRIPT_SPEC_ENV", "HEARTBEAT_ENV",
@@ -28,6 +28,9 @@ TRACKING_DIR = "tracking"  # the metric journal, its cursor, MLFLOW_RUN_FILE
 MLFLOW_RUN_FILE = "mlflow_run.json"  # in TRACKING_DIR: the job's MLflow run and its store
 # in LOGS_DIR: each process's share of the live figures (rank-N.json, tracker.json, launcher.json)
 TELEMETRY_DIR = "telemetry"
+# in LOGS_DIR: written by a script's worker when its script hung: this node's other ranks dump
+# where they wait (launch/script_worker.py)
+PEER_HANG_REQUEST = "peer-hang-request"
 
 # The environment variables scaletrain reads. Set by users:
 CHECKPOINT_KEY_ENV = "SCALETRAIN_CHECKPOINT_KEY"  # HMAC key for checkpoint manifests (a secret)
