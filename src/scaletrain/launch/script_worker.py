@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from scaletrain.recovery.attempts import restart_count
-from scaletrain.recovery.watchdog import PEER_HANG_MARK, grace_s
+from scaletrain.recovery.watchdog import HANG_DUMP_START, PEER_HANG_MARK, grace_s
 from scaletrain.rundir import HEARTBEAT_ENV, METRICS_FILE, PEER_HANG_REQUEST, SCRIPT_SPEC_ENV, RunSpec
 from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.tracking.logs import LogContext, setup_logging
@@ -181,11 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     outputs = [_Output(child.stdout, sys.stdout, "stdout", redactor),
                _Output(child.stderr, sys.stderr, "stderr", redactor)]
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
-    progress = _Progress(child.pid, heartbeat, outputs)
     timeout = float(job.get("recovery", {}).get("hang_timeout_s", 900.0))
     hung = False
     request, started, dumped_for_peer = spec.logs_dir / PEER_HANG_REQUEST, time.time(), False
     try:
+        progress = _Progress(child.pid, heartbeat, outputs)
         while child.poll() is None:
             time.sleep(_POLL_S)
             silent = progress.silent_for()
@@ -253,10 +253,10 @@ def _end_hung(child: subprocess.Popen, stacks: Path, timeout: float, reports: bo
     why = "no scaletrain.report() or should_stop() call" if reports else "no output and no CPU time used"
     log.error("the script made no progress for %g s (%s); dumping its stacks to %s and ending it",
               timeout, why, stacks, extra={"console": False})
-    # A header shaped like the watchdog's (faulthandler's "Timeout (0:00:04)!"): where this dump
-    # starts, for the root cause, after an earlier attempt's in the same file.
+    # A header shaped like the watchdog's: where this dump starts, for the root cause, after an
+    # earlier attempt's in the same file.
     with open(stacks, "a", encoding="utf-8") as file:
-        file.write(f"Timeout ({timeout:g} s without progress)!\n")
+        file.write(f"{HANG_DUMP_START}{timeout:g} s without progress)!\n")
     if not _dump_stacks(child, stacks, wait_s=5.0):
         return
     # Its peers dump meanwhile: those silent as long time out themselves; the others on this node

@@ -15,7 +15,7 @@ from typing import Any
 
 from scaletrain.errors import WorkerFailedError
 from scaletrain.observe.telemetry import read_step_mark
-from scaletrain.recovery.watchdog import PEER_HANG_MARK, RESUMED_MARK
+from scaletrain.recovery.watchdog import HANG_DUMP_START, PEER_HANG_MARK, RESUMED_MARK
 from scaletrain.rundir import RunSpec
 
 __all__ = ["worker_error", "failure_files", "FileState", "holds_hang"]
@@ -184,8 +184,8 @@ def _asked_ranks(spec: RunSpec, ranks: Iterable[int], earlier: dict[str, FileSta
 
 
 def _last_dump(text: str) -> str:
-    """The last dump in a stacks file's text: after the last watchdog timeout or stop mark."""
-    at = max(text.rfind("Timeout ("), text.rfind(PEER_HANG_MARK))
+    """The last dump in a stacks file's text: from the last hang header or peer mark on."""
+    at = max(text.rfind(HANG_DUMP_START), text.rfind(PEER_HANG_MARK))
     return text if at < 0 else text[at:]
 
 

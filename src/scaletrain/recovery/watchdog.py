@@ -22,11 +22,14 @@ import time
 from pathlib import Path
 from typing import IO
 
-__all__ = ["Watchdog", "grace_s", "RESUMED_MARK", "PEER_HANG_MARK"]
+__all__ = ["Watchdog", "grace_s", "HANG_DUMP_START", "RESUMED_MARK", "PEER_HANG_MARK"]
 
 log = logging.getLogger(__name__)
 
-# Appended after a dump when the rank went on (see is_hang_dump in recovery/root_cause.py).
+# How a hang's dump starts: faulthandler's header for a timed-out dump ("Timeout (0:00:04)!"); a
+# script's worker writes the same before its script's (recovery/root_cause.py reads both).
+HANG_DUMP_START = "Timeout ("
+# Appended after a dump when the rank went on (see holds_hang in recovery/root_cause.py).
 RESUMED_MARK = "Resumed: this rank made progress again after the dump above (slow, not hung)."
 # Written before a dump a rank took because a peer hung (a script's, asked by the hung rank's
 # worker): where it waited, for the root cause; never a hang of its own.
