@@ -19,16 +19,16 @@ test: $(STAMP) tools
 	$(BIN)/mypy src
 	$(BIN)/python -m pytest tests --cov --cov-report=term
 
-# The Debian tools the tests run for real (prometheus, with promtool): installed when missing if
-# this is root with apt-get (CI); elsewhere their tests skip, naming the package (under CI=true a
-# missing tool fails them).
-DEBIAN_TOOLS := prometheus
+# The Debian tools the tests run for real (prometheus, with promtool; chromium, headless, for the
+# report page): installed when missing if this is root with apt-get (CI); elsewhere their tests
+# skip, naming the package (under CI=true a missing tool fails them).
+DEBIAN_TOOLS := prometheus chromium
 tools:
-	@command -v promtool >/dev/null 2>&1 || { \
+	@command -v promtool >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing Debian packages: $(DEBIAN_TOOLS)"; \
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEBIAN_TOOLS) >/dev/null; } \
-	      || echo "could not install $(DEBIAN_TOOLS): the tests that need it fail under CI=true, naming it"; \
+	      || echo "could not install $(DEBIAN_TOOLS): the tests that need them fail under CI=true, naming them"; \
 	  else echo "missing Debian packages: $(DEBIAN_TOOLS) (their tests are skipped; CI=true fails them)"; fi; }
 
 # scaletrain against the raw tools (minutes; `make bench ARGS=--full` for the long run):

@@ -176,6 +176,10 @@ def test_make_run_then_the_commands_on_its_run(checkout, made_run):
     assert any(line.startswith(f"{run_id} ") and "finished" in line for line in listed.stdout.splitlines()), listed.stdout
     shown = json.loads(checkout.run(fill(readme("scaletrain show RUN"), RUN=run_id)).stdout)
     assert shown["name"] == run_id and shown["status"] == "FINISHED"
+    reported = checkout.run(fill(readme("scaletrain report RUN"), RUN=run_id))
+    assert reported.stdout.strip() == (f"report: reports/{run_id}/report.html (4 plots; attached to MLflow run "
+                                       f"{made_run['mlflow_run_id']} as report/report.html)"), reported.stdout
+    assert (checkout.root / "reports" / run_id / "report.html").is_file()
 
     # A finished run: one line, nothing changed (no MLflow attempt: its end time stays).
     from mlflow import MlflowClient

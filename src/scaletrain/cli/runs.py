@@ -1,10 +1,11 @@
-"""Commands on tracked runs (the MLflow store): ``runs`` lists them, ``show`` one, ``reproduce``
-runs one again, ``ui`` opens the MLflow UI. MLflow is imported only by what they call."""
+"""Commands on tracked runs (the MLflow store): ``runs`` lists them, ``show`` one, ``report``
+draws one, ``reproduce`` runs one again, ``ui`` opens the MLflow UI. MLflow is imported only by what they call."""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -50,6 +51,29 @@ def show(run_id: RunArg, uri: UriOpt = None) -> None:
     from scaletrain.tracking.runs import run_details
 
     typer.echo(json.dumps(run_details(_tracking_uri(uri), run_id), indent=2))
+
+
+@app.command()
+@user_errors
+def report(
+    run_id: RunArg,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", "-o", help="folder for report.html and its PNGs (default: reports/<run>)")] = None,
+    attach: Annotated[bool, typer.Option(
+        "--attach/--no-attach", help="also attach the report to the MLflow run (report/)")] = True,
+    uri: UriOpt = None,
+    as_json: ResultJsonOpt = False,
+) -> None:
+    """Write one self-contained HTML page (and PNGs) for a run or a tune search: loss and eval
+    curves, speed per rank, restarts, checkpoints and alerts over time, the run card."""
+    from scaletrain.report.build import write_report
+
+    written = write_report(_tracking_uri(uri), run_id, out, attach=attach)
+    if as_json:
+        typer.echo(json.dumps(written))
+        return
+    where = f"; attached to MLflow run {written['mlflow_run_id']} as {written['artifact']}" if written["artifact"] else ""
+    typer.echo(f"report: {written['report']} ({len(written['images'])} plots{where})")
 
 
 @app.command()

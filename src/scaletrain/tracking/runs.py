@@ -14,7 +14,7 @@ from scaletrain.tracking.mlflow_client import configure_mlflow_client
 from scaletrain.tracking.redact import redact_url
 
 __all__ = ["RunNotFound", "TrackingReadError", "list_runs", "find_run", "run_details", "download_json",
-           "download_artifact"]
+           "download_artifact", "tracking_client", "read_error"]
 
 
 class RunNotFound(ScaletrainError):
@@ -29,13 +29,17 @@ class TrackingReadError(ScaletrainError):
     code = "ST-TRACKING-READ"
 
 
-def _client(uri: str) -> Any:
+def tracking_client(uri: str) -> Any:
+    """An MlflowClient for ``uri``, configured as scaletrain's readers want it."""
     from mlflow import MlflowClient
 
     configure_mlflow_client()
     # Its download bars would surround the one line a refusal or a failure gets on stderr.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     return MlflowClient(tracking_uri=uri)
+
+
+_client = tracking_client
 
 
 def list_runs(uri: str, experiment: str | None, limit: int) -> list[dict[str, Any]]:
@@ -88,7 +92,7 @@ def find_run(uri: str, run_ref: str) -> Any:
         return client.get_run(run_ref)
     except MlflowException as exc:
         if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            raise _read_error(f"cannot read run {run_ref}", uri, exc) from None
+            raise read_error(f"cannot read run {run_ref}", uri, exc) from None
     try:
         ids = [e.experiment_id for e in client.search_experiments()]
         found = ids and client.search_runs(ids, filter_string=f"tags.`scaletrain.run_id` = '{run_ref}'")
@@ -99,7 +103,7 @@ def find_run(uri: str, run_ref: str) -> Any:
                      for run in client.search_runs(ids, filter_string=query, max_results=50)]
             found = list({run.info.run_id: run for run in found if _starts(run, run_ref)}.values())
     except Exception as exc:
-        raise _read_error(f"cannot search the runs for {run_ref}", uri, exc) from None
+        raise read_error(f"cannot search the runs for {run_ref}", uri, exc) from None
     if len(found or []) > 1 and found[0].data.tags.get("scaletrain.run_id") != run_ref:
         names = ", ".join(sorted(_ref_of(run, run_ref) for run in found)[:5])
         more = f" and {len(found) - 5} more" if len(found) > 5 else ""
@@ -140,16 +144,17 @@ def download_artifact(uri: str, run_id: str, artifact: str, destination: str | P
     try:
         present = {a.path for a in client.list_artifacts(run_id, folder)}
     except Exception as exc:
-        raise _read_error(f"cannot list the artifacts of run {run_id}", uri, exc) from None
+        raise read_error(f"cannot list the artifacts of run {run_id}", uri, exc) from None
     if artifact not in present:
         return None
     try:
         return Path(client.download_artifacts(run_id, artifact, str(destination)))
     except Exception as exc:
-        raise _read_error(f"cannot download {artifact} of run {run_id}", uri, exc) from None
+        raise read_error(f"cannot download {artifact} of run {run_id}", uri, exc) from None
 
 
-def _read_error(what: str, uri: str, exc: BaseException) -> TrackingReadError:
+def read_error(what: str, uri: str, exc: BaseException) -> TrackingReadError:
+    """``exc`` from the store as one line naming what was being read and where."""
     text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
     why = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return TrackingReadError(f"{what} at {redact_url(uri)}: {why}")
@@ -188,4 +193,4 @@ def _artifact_names(client: Any, uri: str, run_id: str) -> list[str]:
     try:
         return sorted(a.path for a in client.list_artifacts(run_id))
     except Exception as exc:
-        raise _read_error(f"cannot list the artifacts of run {run_id}", uri, exc) from None
+        raise read_error(f"cannot list the artifacts of run {run_id}", uri, exc) from None
