@@ -35,6 +35,8 @@ BENCHES = {
                             ["--job", "examples/tiny_gpt.yaml", "--repeats", "5", "--steps", "600"]),
     "tracking": ("tracking_overhead.py", ["--repeats", "2", "--steps", "600", "--blocks", "30", "--workers", "2"],
                  ["--repeats", "4", "--steps", "3000", "--blocks", "100"]),
+    "observability": ("observability_overhead.py", ["--repeats", "2", "--steps", "2000", "--blocks", "30"],
+                      ["--repeats", "3", "--steps", "4000", "--blocks", "100"]),
     "checkpoints": ("checkpoint_io.py", ["--repeats", "2", "--states", "digits_mlp,tiny_gpt,mlp_50m"],
                     ["--repeats", "5"]),
     "recovery": ("recovery_time.py", ["--repeats", "1", "--variants", "scaletrain,torchrun"],
@@ -44,7 +46,7 @@ BENCHES = {
     "script_launch": ("script_launch.py", ["--repeats", "2", "--steps", "2000"], ["--repeats", "5", "--steps", "4000"]),
     "tf_first_step": ("tf_first_step.py", ["--repeats", "2", "--steps", "600"], ["--repeats", "5", "--steps", "1200"]),
 }
-TARGETS = {"throughput": 0.97, "tracking": 0.01, "checkpoint_sync": 1.2, "async_stall": 0.10}
+TARGETS = {"throughput": 0.97, "tracking": 0.01, "observability": 0.01, "checkpoint_sync": 1.2, "async_stall": 0.10}
 
 
 def machine() -> dict:
@@ -169,6 +171,20 @@ def rows(results: dict) -> list[dict]:
                     _spread(two["steps_per_s"][store]), _spread(two["steps_per_s"]["off"]) + " (tracking off)",
                     cost, f"< {TARGETS['tracking']:.0%}", cost < TARGETS["tracking"],
                     unit=f"machine noise {two['noise_off_spread']:.0%}")
+    r = results.get("observability", {})
+    if "end_to_end" in r:
+        crit, e2e, target = r["critical_path"], r["end_to_end"], TARGETS["observability"]
+        paired = crit["extra_paired_median"]
+        add("observability on: extra CPU per step in the training process (1 thread)",
+            f"{paired * crit['us_per_step']['off']:.0f} us", f"{crit['us_per_step']['off']:.0f} us/step, off",
+            paired, f"< {target:.0%}", paired < target)
+        add("observability on: the same against a 2-worker step", f"{paired * crit['us_per_step']['off']:.0f} us",
+            f"{1e6 / e2e['steps_per_s']['off']['median']:.0f} us/step (2 workers)",
+            crit["extra_vs_2_worker_step"], f"< {target:.0%}", crit["extra_vs_2_worker_step"] < target)
+        add("observability on, 2 workers, endpoint scraped and alerts evaluated every second: steps/s lost",
+            _spread(e2e["steps_per_s"]["on"]), _spread(e2e["steps_per_s"]["off"]) + " (observability off)",
+            e2e["cost_vs_off"], f"< {target:.0%}", e2e["cost_vs_off"] < target,
+            unit=f"machine noise {e2e['noise_off_spread']:.0%}")
     r = results.get("checkpoints", {})
     for state, c in r.get("results", {}).items():
         size = f"{state} ({c['bytes'] / 2**20:.1f} MiB)"

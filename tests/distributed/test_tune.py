@@ -65,6 +65,27 @@ def test_a_search_with_asha_nests_its_trials_and_writes_the_best_job(tmp_path):
     pruned_run = client.get_run(rows[1.0e-7]["mlflow_run_id"])
     assert pruned_run.info.status == "KILLED"  # stopped at a checkpoint, like a preemption
 
+    # The search's own log and figures: each trial's start and end under the search's trace id,
+    # the trials by status and each ended trial a unit of work (its error rate).
+    search_dir = Path(summary["search_dir"])
+    said = [json.loads(line) for line in (search_dir / "logs" / "tune.jsonl").read_text().splitlines()]
+    assert {(r["trace_id"], r["request_id"]) for r in said} == {(summary["trace_id"], said[0]["request_id"])}
+    assert said[0]["request_id"] and said[0]["message"].startswith("metrics for Prometheus on http://127.0.0.1:")
+    trial_lines = sorted(r["message"].split(" ", 2)[2] for r in said if r["message"].startswith("trial "))
+    assert trial_lines == ["ended"] * 3 + ["started"] * 3, trial_lines
+    figures = json.loads((search_dir / "logs" / "telemetry" / "launcher-0.json").read_text())["figures"]
+    assert figures["trials"] == {"pending": 0, "running": 0, "paused": 0, "finished": 3, "failed": 0}
+    assert (figures["work_total"]["trial"], figures["errors_total"]["trial"]) == (3, 0)
+    assert summary["metrics_url"].startswith("http://127.0.0.1:") and summary["alerts"] == []
+
+    # Its report: the trials side by side, the best one marked.
+    made = scaletrain_cli("report", summary["mlflow_parent_run_id"], "--uri", uri, "--out", str(tmp_path / "report"))
+    assert made.returncode == 0, made.stderr[-2000:]
+    page = (tmp_path / "report" / "report.html").read_text()
+    table = page.split("<h2>Trials side by side</h2>")[1].split("</table>")[0]
+    assert table.count("<tr") == 4 and table.count('<tr class="best">') == 1
+    assert summary["best"]["mlflow_run_id"] in table.split('<tr class="best">')[1]
+
 
 def test_a_failing_trial_is_retried_from_its_checkpoint_and_the_others_go_on(tmp_path):
     """Optuna TPE search; one trial's job fails once mid-run."""
@@ -107,6 +128,8 @@ def test_a_failing_trial_is_retried_from_its_checkpoint_and_the_others_go_on(tmp
         filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_parent_run_id']}'",
     )
     assert len(nested) == 2  # the retried trial continued its own run
+    said = (Path(summary["search_dir"]) / "logs" / "tune.jsonl").read_text()
+    assert said.count("failed; Tune retries it from its checkpoint") == 1 and said.count(" ended\"") == 2
 
 
 def test_an_interrupted_search_resumes_where_it_stopped(tmp_path, processes):
@@ -132,6 +155,21 @@ def test_an_interrupted_search_resumes_where_it_stopped(tmp_path, processes):
             break
         time.sleep(0.2)
     assert done and len(started) >= 2, f"after 120 s: {len(done)} trials done, {len(started)} started"
+    # The search's endpoint while it runs: one trial running, one finished.
+    (log,) = trials.glob("*/logs/tune.jsonl")
+    first_lines = [json.loads(line) for line in log.read_text().splitlines()]
+    url = first_lines[0]["message"].removeprefix("metrics for Prometheus on ")
+    import urllib.request
+
+    expected = ('scaletrain_trials{status="running"} 1.0', 'scaletrain_trials{status="finished"} 1.0')
+    for _ in range(20):  # the figures are rewritten at most once a second
+        with urllib.request.urlopen(url, timeout=5) as response:
+            served = response.read().decode()
+        if all(line in served for line in expected):
+            break
+        time.sleep(0.25)
+    assert 'scaletrain_trials{status="running"} 1.0' in served
+    assert 'scaletrain_trials{status="finished"} 1.0' in served
     search.send_signal(signal.SIGINT)
     out, err = search.communicate(timeout=60)
     assert search.returncode == 130, err[-3000:]
@@ -145,6 +183,10 @@ def test_an_interrupted_search_resumes_where_it_stopped(tmp_path, processes):
     again = [row for row in summary["trials"] if row["run_dir"] == first["run_dir"]]
     assert len(again) == 1  # the finished trial was kept, not trained again
     assert json.loads(Path(first["run_dir"], "summary.json").read_text())["attempt"] == 1
+    # One trace id for the search, across both invocations; a request id for each.
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {r["trace_id"] for r in lines} == {summary["trace_id"]}
+    assert len({r["request_id"] for r in lines}) == 2
 
 
 def test_a_bad_space_is_one_line(tmp_path):

@@ -151,3 +151,43 @@ def test_a_stop_with_no_handler_to_take_it_is_a_warning_not_a_killed_launcher(tm
     assert sent == [] and loop.stopped_by is None
     assert "alert ScaletrainErrorRateHigh asks to stop the run, but it cannot be stopped at this point" in [
         r.getMessage() for r in caplog.records]
+
+
+def test_the_alerts_firing_are_in_a_file_the_progress_bar_shows(tmp_path):
+    """The launcher's loop writes the alerts firing now on each change; rank 0's bar reads the
+    file at its cadence and says them, and says nothing once they resolve."""
+    import logging
+
+    from scaletrain.observe.alerts import ALERTS_FIRING_FILE, AlertLoop
+    from scaletrain.observe.telemetry import Telemetry
+    from scaletrain.tracking.progress import ProgressBar
+    from scaletrain.tracking.reporter import StepReport
+
+    firing = tmp_path / ALERTS_FIRING_FILE
+    share = Telemetry(tmp_path / "rank-0.json", {"rank": "0"}, every_s=0)
+    loop = AlertLoop(AlertsConfig.model_validate({"error_rate": {"window_s": 1}}), tmp_path, {},
+                     logging.getLogger("test.alerts"))
+    bar = ProgressBar("toy", firing)
+    bar.on_start(100, 0)
+
+    def said(step):
+        bar.on_train_metrics([StepReport(step, {"loss": 1.0, "samples_per_s": 10.0}, 0.0)])
+        return bar._progress.tasks[0].fields["alert"]
+
+    try:
+        loop.evaluate()
+        assert not firing.exists() and said(1) == ""
+        share.work("sample", 100, errors=20)
+        share.flush()
+        loop.evaluate()
+        assert firing.read_text() == "ScaletrainErrorRateHigh\n"
+        assert said(2) == "[bold red]alert: ScaletrainErrorRateHigh[/]"
+        share.work("sample", 10000)
+        share.flush()
+        import time
+
+        time.sleep(1.1)  # out of the 1 s window: the error rate falls to 0
+        loop.evaluate()
+        assert firing.read_text() == "" and said(3) == ""
+    finally:
+        bar.on_end()

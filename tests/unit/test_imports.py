@@ -65,7 +65,7 @@ FLOORS = [
     {"runners"},
     {"launch"},
     {"api", "script_hooks"},
-    {"reproduce", "verify_resume", "tune", "launch_loop", "report"},
+    {"reproduce", "verify_resume", "tune", "launch_loop", "run_report"},
     {"cli", "__init__"},
     {"__main__"},
 ]

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from scaletrain.observe.catalog import STEP_BUCKETS
-from scaletrain.report.events import histogram_quantile, launcher_events, rank_figures, read_lines, worker_events
+from scaletrain.run_report.events import histogram_quantile, launcher_events, rank_figures, read_lines, worker_events
 
 
 def line(message, at="2026-12-06T20:14:04.412+00:00", **fields):

@@ -66,7 +66,7 @@ def report(
 ) -> None:
     """Write one self-contained HTML page (and PNGs) for a run or a tune search: loss and eval
     curves, speed per rank, restarts, checkpoints and alerts over time, the run card."""
-    from scaletrain.report.build import write_report
+    from scaletrain.run_report.build import write_report
 
     written = write_report(_tracking_uri(uri), run_id, out, attach=attach)
     if as_json:

@@ -25,10 +25,13 @@ from typing import Any
 
 from scaletrain.observe.exporter import read_shares
 
-__all__ = ["AlertEvaluator", "AlertLoop", "Firing", "Snapshot", "WEBHOOK_ENV"]
+__all__ = ["AlertEvaluator", "AlertLoop", "Firing", "Snapshot", "WEBHOOK_ENV", "ALERTS_FIRING_FILE"]
 
 WEBHOOK_ENV = "SCALETRAIN_ALERT_WEBHOOK_URL"
 ALERT_CODE = "ST-ALERT"  # on an alert's error line (docs/observability.md)
+# In the telemetry folder: the alerts firing now, one name a line (rewritten on each change; rank
+# 0's progress bar shows them).
+ALERTS_FIRING_FILE = "alerts-firing.txt"
 _KEPT_S = 40 * 60  # the longest rule looks 35 minutes back
 
 
@@ -203,6 +206,7 @@ class AlertLoop:
         except Exception as exc:  # alerts must never take the run down
             self.log.warning("alert evaluation failed: %s: %s", type(exc).__name__, exc)
             return
+        changed = set(firing) != set(self.active)
         for identity, alert in firing.items():
             if identity not in self.active:
                 self._fire(alert)
@@ -212,6 +216,19 @@ class AlertLoop:
                 self.log.info("alert %s resolved", alert.alert, extra={"alert": alert.alert, "labels": alert.labels})
                 self._post(alert, "resolved")
         self.active.update(firing)
+        if changed:
+            self._write_firing()
+
+    def _write_firing(self) -> None:
+        """The names firing now, for rank 0's progress bar (a figure: a failed write is no error)."""
+        names = sorted({alert.alert for alert in self.active.values()})
+        path = self.directory / ALERTS_FIRING_FILE
+        temporary = path.with_name(f".{path.name}.tmp")
+        try:
+            temporary.write_text("".join(f"{name}\n" for name in names), encoding="utf-8")
+            os.replace(temporary, path)
+        except OSError:
+            pass
 
     def _fire(self, alert: Firing) -> None:
         action = getattr(self.settings, alert.key).action

@@ -25,6 +25,7 @@ ERROR_KINDS = {
     "checkpoint_save": "checkpoint saves; errors: saves that failed",
     "delivery": "metric batches sent to MLflow; errors: batches the tracker refused or did not answer",
     "attempt": "starts of the workers; errors: attempts that ended in a worker failure",
+    "trial": "tune trials ended (finished or stopped early); errors: trials that failed for good",
 }
 
 
@@ -62,4 +63,6 @@ FIGURES = {f.name: f for f in (
            "point being logged to its delivery.", "max"),
     Figure("restarts_total", "counter", "Restarts of the workers after a failure."),
     Figure("evals_total", "counter", "Evaluations run (rank 0).", "max"),
+    Figure("trials", "gauge", "Trials of a tune search by status (pending, running, paused, finished, failed).",
+           label="status"),
 )}

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from scaletrain.config.schema import JobConfig
+from scaletrain.observe.alerts import ALERTS_FIRING_FILE
 from scaletrain.observe.telemetry import StepMark, Telemetry, TelemetrySink
 from scaletrain.rundir import METRICS_FILE, TRACKING_DIR, RunSpec
 from scaletrain.tracking.journal_sink import JournalReporter
@@ -59,7 +60,7 @@ def worker_reporter(spec: RunSpec, job: JobConfig, context: LogContext, is_main:
         LogReporter(logging.getLogger(f"{LOGGER_NAME}.metrics"), every=job.train.log_every),
     ]
     if progress_wanted():
-        sinks.append(ProgressBar(job.name))
+        sinks.append(ProgressBar(job.name, spec.telemetry_dir / ALERTS_FIRING_FILE))
     if job.tracking.enabled:
         sinks.append(
             JournalReporter(

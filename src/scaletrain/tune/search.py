@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from scaletrain.config import job_to_yaml
 from scaletrain.config.loading import parse_job
 from scaletrain.config.schema import JobConfig
 from scaletrain.errors import ConfigError, SearchInterrupted
-from scaletrain.rundir import SUMMARY_FILE, TRACKING_TAGS_ENV
+from scaletrain.rundir import SUMMARY_FILE, TELEMETRY_DIR, TRACKING_TAGS_ENV
 from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.tracking.redact import Redactor
 from scaletrain.tracking.search_run import SearchRun
@@ -72,6 +73,7 @@ def run_search(job_file: str, space_file: str, options: SearchOptions, resume: b
         write_text_atomic(directory / "search.json", redactor.json({
             "job_file": str(Path(job_file).resolve()), "space": [asdict(d) for d in space],
             "options": asdict(options), "search_path": search_path, "finished": False,
+            "trace_id": uuid.uuid4().hex,  # the search's, kept by --resume
         }, indent=2))
     from scaletrain.launch.ray.cluster import import_ray, ray_session
 
@@ -82,11 +84,28 @@ def run_search(job_file: str, space_file: str, options: SearchOptions, resume: b
         "scheduler": options.scheduler,
         "space": json.dumps({d.key: {d.kind: list(d.values)} for d in space}),
     })
-    # Tune prints its own progress tables; ours is the table at the end (and --json stays one object).
-    with ray_session(ray, options.address, directory / "logs", redactor=redactor), \
-            open(directory / "logs" / "tune-console.log", "a", encoding="utf-8") as tune_console, \
-            contextlib.redirect_stdout(tune_console), contextlib.redirect_stderr(tune_console):
-        grid = _tune(ray, job, space, options, directory, parent.run_id, resume, search_path)
+    from scaletrain.observe.exporter import observed
+    from scaletrain.tracking.logs import LogContext, route_loggers_to_file
+    from scaletrain.tune.observe import SEARCH_LOGGER, TUNE_LOG, SearchIdentity
+
+    state = json.loads((directory / "search.json").read_text(encoding="utf-8"))
+    identity = SearchIdentity(f"tune-{job.name}-{directory.name}", directory / "logs" / TELEMETRY_DIR,
+                              state.get("trace_id") or uuid.uuid4().hex)
+    context = LogContext(identity.run_id, identity.trace_id, None, identity.request_id)
+    restore_log = route_loggers_to_file((SEARCH_LOGGER,), directory / "logs" / TUNE_LOG, logging.INFO,
+                                        redactor=redactor, context=context)
+    try:
+        # The search's own figures (trials by status, failed trials) on its endpoint, its alerts;
+        # Tune prints its own progress tables, ours is the table at the end (--json stays one object).
+        with observed(job, identity, "tune", logging.getLogger(SEARCH_LOGGER)) as watch, \
+                ray_session(ray, options.address, directory / "logs", redactor=redactor, context=context), \
+                open(directory / "logs" / "tune-console.log", "a", encoding="utf-8") as tune_console, \
+                contextlib.redirect_stdout(tune_console), contextlib.redirect_stderr(tune_console):
+            grid = _tune(ray, job, space, options, directory, parent.run_id, resume, search_path)
+            alerts = watch.finish() if watch is not None else []
+            metrics_url = watch.endpoint.url if watch is not None else None
+    finally:
+        restore_log()
     _wait_for_stopped_trials(directory, job.recovery.grace_period_s + 30)
     if _interrupted(directory, _expected_trials(space, options)):
         # Ctrl-C: Tune stopped the trials (their jobs at checkpoints) and saved its state.
@@ -98,7 +117,8 @@ def run_search(job_file: str, space_file: str, options: SearchOptions, resume: b
     rows = _rows(grid, options, directory)
     best = _best(rows, options)
     summary = {"search_dir": str(directory), "metric": options.metric, "mode": options.mode,
-               "trials": rows, "best": best, "mlflow_parent_run_id": parent.run_id}
+               "trials": rows, "best": best, "mlflow_parent_run_id": parent.run_id,
+               "trace_id": identity.trace_id, "metrics_url": metrics_url, "alerts": alerts}
     if best is not None:
         best_job = parse_job(job.model_dump(mode="json"), overrides(best["config"]))
         write_text_atomic(directory / "best_job.yaml", _redacted_yaml(best_job, redactor))
@@ -160,6 +180,8 @@ def _tune(ray: Any, job: JobConfig, space: list[Dimension], options: SearchOptio
           parent_run_id: str | None, resume: bool, search_path: list[str]) -> Any:
     from ray import tune
 
+    from scaletrain.tune.observe import SearchFigures
+
     storage = str(directory / "ray")
     trainable = tune.with_resources(tune.with_parameters(
         trial_class(), job=job.model_dump(mode="json"), directory=str(directory),
@@ -194,7 +216,7 @@ def _tune(ray: Any, job: JobConfig, space: list[Dimension], options: SearchOptio
         run_config=tune.RunConfig(
             name="search", storage_path=storage,
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
-            verbose=0,
+            verbose=0, callbacks=[SearchFigures()],
         ),
     )
     return tuner.fit()

@@ -102,7 +102,12 @@ def start_trial_job(trial_id: str, config: dict[str, Any], job: dict, directory:
         command = ["resume", str(existing[-1].parent), "--json"]
     else:
         job_file = trial_dir / "job.yaml"  # what the trial runs, secrets included: mode 0600
-        write_text_atomic(job_file, json.dumps({**job, "run_dir": str(runs)}))
+        write_text_atomic(job_file, json.dumps({
+            **job, "run_dir": str(runs),
+            # Trials run side by side: each serves its figures on a free port (the job's port,
+            # if it names one, is the search's own endpoint).
+            "observability": {**(job.get("observability") or {}), "port": 0},
+        }))
         command = ["run", str(job_file), "--json"]
         for item in overrides(config):
             command += ["--set", item]

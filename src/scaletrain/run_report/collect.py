@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.observe.catalog import STEP_BUCKETS
-from scaletrain.report.events import Event, launcher_events, rank_figures, read_lines, worker_events
+from scaletrain.run_report.events import Event, launcher_events, rank_figures, read_lines, worker_events
 from scaletrain.rundir import LAUNCHER_LOG, LOGS_DIR, RUN_CARD_FILE, SUMMARY_FILE, TELEMETRY_DIR, worker_log_name
 from scaletrain.tracking.runs import download_artifact, find_run, read_error, tracking_client
 

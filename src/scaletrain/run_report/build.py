@@ -3,14 +3,13 @@ and its PNGs to a folder, and attach them to the MLflow run under ``report/``.""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 from scaletrain.errors import ScaletrainError
-from scaletrain.report import plots
-from scaletrain.report.collect import collect
-from scaletrain.report.page import render
+from scaletrain.run_report import plots
+from scaletrain.run_report.collect import collect
+from scaletrain.run_report.page import render
 from scaletrain.rundir import write_text_atomic
 from scaletrain.tracking.runs import read_error, tracking_client
 
@@ -18,7 +17,6 @@ __all__ = ["write_report", "REPORT_FILE", "REPORT_ARTIFACT_DIR", "ReportError"]
 
 REPORT_FILE = "report.html"
 REPORT_ARTIFACT_DIR = "report"
-log = logging.getLogger("scaletrain.report")
 
 
 class ReportError(ScaletrainError):
