@@ -106,6 +106,7 @@ class TinyGPTTask(scaletrain.Task):
         n_eval = max(1, int(len(rows) * eval_fraction))
         self.train, self.eval = Sequences(rows[n_eval:]), Sequences(rows[:n_eval])
         self.config = dict(context=context, layers=layers, dim=dim, heads=heads, dropout=dropout)
+        self.tokens_per_sample = context  # the tokens each sample trains on: tokens/s in the metrics
 
     @staticmethod
     def _progressions(n: int, context: int, vocab: int, max_stride: int) -> torch.Tensor:

@@ -251,6 +251,7 @@ def _run_attempt(
     config: JobConfig, spec: Any, launcher: Any, started_at: float, tracking_tags: dict | None,
     watch: Any = None,
 ) -> dict[str, Any]:
+    from scaletrain.observe.goodput import goodput, rank0_figures
     from scaletrain.observe.telemetry import current as telemetry
 
     run_dir = Path(spec.run_dir)
@@ -279,6 +280,7 @@ def _run_attempt(
         summary["metrics_url"] = watch.endpoint.url
     telemetry().work("attempt", 1)
     telemetry().flush(force=True)
+    rank0_before = rank0_figures(spec.telemetry_dir)
     try:
         # The local engine starts this node's share of the workers; Ray places all of them.
         result = launcher.launch(spec, config.scale.workers_per_node if config.scale.engine == "local"
@@ -329,6 +331,10 @@ def _run_attempt(
         weights=str(run_dir / WEIGHTS_FILE) if spec.node_rank == 0 and (run_dir / WEIGHTS_FILE).exists() else None,
         logs=str(spec.logs_dir),
     )
+    spent = goodput(rank0_before, rank0_figures(spec.telemetry_dir), summary["steps"], started_at,
+                    summary["wall_time_s"], spec.request_id)
+    if spent is not None:
+        summary["goodput"] = spent
     _close(summary, run_dir, tracking, "FINISHED", Redactor.for_config(spec.job))
     return summary
 

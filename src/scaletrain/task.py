@@ -10,9 +10,10 @@ the defaults)::
         def eval_dataset(self) -> Dataset | None: ...       # optional
         def loss(self, model, batch) -> Tensor | tuple[Tensor, dict[str, Tensor | float]]: ...
 
-Optional too: ``collate(samples)`` (default: torch's default_collate) and
+Optional too: ``collate(samples)`` (default: torch's default_collate),
 ``example_input()``, a small input for ``model(...)`` used to export the final model for
-MLflow (default: the first element of a two-sample training batch).
+MLflow (default: the first element of a two-sample training batch), and ``tokens_per_sample``
+(an int attribute: a sequence model's tokens per sample, for tokens/s in the metrics).
 
 The job file names a factory (a class or a function) as ``package.module:attr``; it is called
 with ``task.args`` as keyword arguments in every worker.
@@ -43,6 +44,7 @@ __all__ = [
     "resolve_task_factory",
     "build_task",
     "split_loss_output",
+    "tokens_per_sample",
 ]
 
 REQUIRED_METHODS = ("build_model", "train_dataset", "loss")
@@ -326,3 +328,13 @@ def _tensorflow_installed() -> bool:
         return importlib.util.find_spec("tensorflow") is not None
     except (ImportError, ValueError):  # ValueError: a stand-in module without a spec
         return False
+
+
+def tokens_per_sample(task: Any) -> int | None:
+    """The task's ``tokens_per_sample``, checked: a positive int, or None when it has none."""
+    value = getattr(task, "tokens_per_sample", None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise TaskError(f"the task's tokens_per_sample must be a positive int (tokens in one sample), not {value!r}")
+    return value

@@ -49,6 +49,12 @@ def test_the_report_of_a_restarted_run_renders_in_a_browser_and_is_attached(tmp_
     assert ran.returncode == 0, ran.stderr[-3000:]
     outcome = json.loads(ran.stdout)
     assert outcome["restarts"] == 1 and outcome["resumed_from_step"] == 10
+    # Goodput: the steps redone after the restart are counted as such, the parts add up.
+    spent = outcome["goodput"]
+    assert 0 < spent["ratio"] < 1 and spent["redone_s"] > 0
+    assert 0 < spent["startup_s"] < outcome["time_to_first_step_s"]  # the first attempt's, not the restart's
+    parts = sum(spent[k] for k in ("productive_s", "startup_s", "checkpoint_stall_s", "redone_s", "other_s"))
+    assert parts == pytest.approx(outcome["wall_time_s"], abs=0.01)
 
     made = scaletrain_cli("report", outcome["run_id"], "--uri", uri, "--out", "report", "--json", cwd=tmp_path)
     assert made.returncode == 0, made.stderr[-3000:]

@@ -55,7 +55,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     if summary.get("restarts"):
         steps += f", {summary['restarts']} restart(s)"
     table.add_row("steps", steps)
-    loop_metrics = {"lr", "grad_norm", "step_time_s", "data_wait_s", "samples_per_s"}
+    loop_metrics = {"lr", "grad_norm", "step_time_s", "data_wait_s", "samples_per_s", "tokens_per_s"}
     for split in ("train", "eval"):
         metrics = summary.get(split) or {}
         shown = {k: v for k, v in metrics.items() if k not in loop_metrics}
@@ -64,12 +64,21 @@ def print_summary(summary: dict[str, Any]) -> None:
     train = summary.get("train") or {}
     speed, step_time = train.get("samples_per_s"), train.get("step_time_s")
     if isinstance(speed, (int, float)) and isinstance(step_time, (int, float)):
-        table.add_row("speed", f"{speed:,.0f} samples/s, {step_time * 1e3:.1f} ms/step")
+        tokens = train.get("tokens_per_s")
+        table.add_row("speed", f"{speed:,.0f} samples/s" + (f" ({tokens:,.0f} tokens/s)" if tokens else "")
+                      + f", {step_time * 1e3:.1f} ms/step")
     wall, first = summary.get("wall_time_s"), summary.get("time_to_first_step_s")
     if isinstance(wall, (int, float)):  # first None: no step ran (a resumed run already done)
         table.add_row("wall time", f"{wall:.1f} s" + (
             f" (first step after {first:.1f} s)" if isinstance(first, (int, float))
             else "" if summary.get("strategy") == "script" else " (no step to run)"))
+    spent = summary.get("goodput")
+    if isinstance(spent, dict):
+        lost = [f"{name} {spent[key]:.1f} s" for name, key in (
+            ("start-up", "startup_s"), ("checkpoints", "checkpoint_stall_s"), ("redone", "redone_s"),
+            ("other", "other_s")) if spent.get(key)]
+        table.add_row("goodput", f"{spent['ratio']:.0%} of the wall time training" + (
+            f" ({', '.join(lost)})" if lost else ""))
     if summary.get("checkpoint_step") is not None:
         table.add_row("checkpoint", f"step {summary['checkpoint_step']}")
     for key in ("weights", "logs"):

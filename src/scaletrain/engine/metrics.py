@@ -65,8 +65,9 @@ class MetricsWindow:
         if out.report:
             self.pending.append(_Pending(step, out, time.perf_counter(), time.time(), self.data_wait))
 
-    def report(self, reporter: Reporter, global_batch: int) -> list[StepReport]:
-        """Report every pending step; returns the reports, oldest first.
+    def report(self, reporter: Reporter, global_batch: int, tokens_per_sample: int | None = None) -> list[StepReport]:
+        """Report every pending step; returns the reports, oldest first. ``tokens_per_sample``:
+        the task's (a sequence model's context), for tokens/s.
 
         One all-reduce packs the loss and every metric of every pending step: the mean over all
         ranks. Gradient norms are the same on every rank after the gradient all-reduce."""
@@ -98,6 +99,8 @@ class MetricsWindow:
                 metrics["grad_norm"] = norms[index]
             metrics["step_time_s"] = elapsed / steps
             metrics["samples_per_s"] = steps * global_batch / elapsed
+            if tokens_per_sample:
+                metrics["tokens_per_s"] = metrics["samples_per_s"] * tokens_per_sample
             metrics["data_wait_s"] = (p.data_wait - self.data_wait_at_start) / steps
             self.started, self.start_step, self.data_wait_at_start = p.ended, p.step, p.data_wait
             reports.append(StepReport(p.step, metrics, p.wall_time))

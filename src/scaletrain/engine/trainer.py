@@ -41,6 +41,7 @@ from scaletrain.strategies import get_strategy
 from scaletrain.strategies.activation_checkpoint import checkpoint_blocks
 from scaletrain.strategies.blocks import find_blocks
 from scaletrain.task import TaskProtocol, split_loss_output
+from scaletrain.task import tokens_per_sample as task_tokens_per_sample
 from scaletrain.tracking.reporter import Reporter
 
 __all__ = ["Trainer", "TrainResult", "TrainingDiverged"]
@@ -84,6 +85,7 @@ class Trainer:
             job, task, env, placement, reporter
         )
         self.checkpoints = checkpoints
+        self.tokens_per_sample = task_tokens_per_sample(task)
         self.after_step = after_step  # the worker's hook (fault injection in tests)
         self.control = control or Control(collectives.active(), None, None, None)
         self.device = placement.device
@@ -365,7 +367,7 @@ class Trainer:
 
     def _report_train(self, window: MetricsWindow) -> dict[str, float]:
         """Report every pending step; returns the last one's metrics."""
-        last = window.report(self.reporter, self.layout.global_batch)[-1]
+        last = window.report(self.reporter, self.layout.global_batch, self.tokens_per_sample)[-1]
         self.last_metrics.update({f"train/{k}": (last.step, v) for k, v in last.metrics.items()})
         return last.metrics
 

@@ -43,6 +43,8 @@ FIGURES = {f.name: f for f in (
     Figure("steps_total", "counter", "Training steps this rank finished (redone steps after a restart count again).",
            "per_rank"),
     Figure("samples_total", "counter", "Samples this rank trained on.", "per_rank"),
+    Figure("tokens_total", "counter", "Tokens this rank trained on (a task that sets tokens_per_sample).",
+           "per_rank"),
     Figure("step_seconds", "histogram", "Step time on this rank (each step of a reporting window at the "
            "window's mean: no device sync per step).", "per_rank", buckets=STEP_BUCKETS),
     Figure("data_wait_seconds_total", "counter", "Seconds this rank's training loop waited for data.",

@@ -113,18 +113,35 @@ class TelemetrySink:
     goes into the rank's figures; each step moves its last step and time. The flush, rate-limited,
     rides on the step."""
 
-    def __init__(self, telemetry: Telemetry, world_size: int, is_main: bool):
+    def __init__(self, telemetry: Telemetry, world_size: int, is_main: bool, request_id: str | None = None,
+                 reached_before: int | None = None):
         self.telemetry = telemetry
+        self.request_id = request_id  # the launch's: its first step is kept across its restarts
+        # The step the previous attempt of this rank reached (its step mark, which outlives a
+        # SIGKILL): the steps between the resumed step and it are trained again (goodput).
+        self.reached_before = reached_before
         self.world_size = max(1, world_size)
         self.is_main = is_main  # counts the job's steps as units of work (once, not per rank)
         self.last_reported: int | None = None
 
     def on_start(self, total_steps: int | None, start_step: int) -> None:
         self.last_reported = start_step
+        figures, reached = self.telemetry.figures, self.reached_before or 0
+        self.telemetry.add("redone_steps_total", max(0, reached - start_step))
+        if self.request_id is not None and figures.get("launch_request_id") != self.request_id:
+            # What this launch trains that no earlier one did starts here.
+            figures["launch_request_id"] = self.request_id
+            figures["launch_progress_from"] = max(start_step, reached)
+        self.telemetry.flush(force=True)
 
     def on_step(self, step: int) -> None:
-        self.telemetry.figures["last_step"] = step
-        self.telemetry.figures["last_step_timestamp_seconds"] = time.time()
+        figures, now = self.telemetry.figures, time.time()
+        figures["last_step"] = step
+        figures["last_step_timestamp_seconds"] = now
+        if self.request_id is not None and figures.get("first_step_request_id") != self.request_id:
+            # The launch's first step (goodput's start-up): a restart within it keeps it.
+            figures["first_step_request_id"] = self.request_id
+            figures["first_step_timestamp_seconds"] = now
         self.telemetry.flush()
 
     def on_train_metrics(self, reports: list[Any]) -> None:
@@ -143,6 +160,8 @@ class TelemetrySink:
                 t.observe("step_seconds", step_time, steps)
                 if (rate := metrics.get("samples_per_s")) is not None:
                     t.add("samples_total", rate * step_time * steps / self.world_size)
+                if (tokens := metrics.get("tokens_per_s")) is not None:
+                    t.add("tokens_total", tokens * step_time * steps / self.world_size)
             if (wait := metrics.get("data_wait_s")) is not None:
                 t.add("data_wait_seconds_total", wait * steps)
         t.flush()

@@ -108,6 +108,8 @@ def _render_run(report: dict[str, Any], images: dict[str, bytes]) -> str:
         ("train loss (last)", final.get("train/loss")),
         *[(k, v) for k, v in final.items() if k.startswith("eval/")],
         ("samples/s (last window)", final.get("train/samples_per_s")),
+        ("tokens/s (last window)", final.get("train/tokens_per_s")),
+        ("goodput (last launch)", _goodput(summary.get("goodput"))),
         ("step time, ms (last window)", final["train/step_time_s"] * 1000 if "train/step_time_s" in final else None),
         ("checkpoints saved", sum(e.kind == "checkpoint" for e in events)),
         ("restarts", report["tags"].get("scaletrain.restarts") or sum(e.kind == "restart" for e in events)),
@@ -161,6 +163,15 @@ def _render_run(report: dict[str, Any], images: dict[str, bytes]) -> str:
     parts.append("<h2>Parameters</h2>" + _pairs(list(report["params"].items())))
     parts.append(_foot())
     return "".join(parts)
+
+
+def _goodput(spent: Any) -> str | None:
+    if not isinstance(spent, dict) or "ratio" not in spent:
+        return None
+    parts = [f"{name} {spent[key]:.1f} s" for name, key in (
+        ("training", "productive_s"), ("start-up", "startup_s"), ("checkpoints", "checkpoint_stall_s"),
+        ("redone", "redone_s"), ("other", "other_s")) if isinstance(spent.get(key), (int, float))]
+    return f"{spent['ratio']:.0%} ({', '.join(parts)})"
 
 
 def _run_card(card: dict[str, Any] | None) -> str:

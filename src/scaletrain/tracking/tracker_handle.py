@@ -119,6 +119,8 @@ class TrackingSession:
             tags["scaletrain.alerts"] = ", ".join(sorted({a["alert"] for a in summary["alerts"]}))
         if summary.get("stopped_by"):
             tags["scaletrain.stopped_by"] = summary["stopped_by"]
+        if isinstance(summary.get("goodput"), dict):  # this launch's (observe/goodput.py)
+            tags["scaletrain.goodput"] = summary["goodput"]["ratio"]
         command = {"timeout_s": timeout, "status": status, "tags": tags, "restarts": summary.get("restarts", 0),
                    "artifacts": [[str(path), artifact_path] for path, artifact_path in artifacts]}
         try:

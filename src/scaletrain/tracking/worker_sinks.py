@@ -9,7 +9,7 @@ from typing import Any
 
 from scaletrain.config.schema import JobConfig
 from scaletrain.observe.alerts import ALERTS_FIRING_FILE
-from scaletrain.observe.telemetry import StepMark, Telemetry, TelemetrySink
+from scaletrain.observe.telemetry import StepMark, Telemetry, TelemetrySink, read_step_mark
 from scaletrain.rundir import METRICS_FILE, TRACKING_DIR, RunSpec
 from scaletrain.tracking.journal_sink import JournalReporter
 from scaletrain.tracking.logs import LOGGER_NAME, LogContext
@@ -45,10 +45,11 @@ def worker_reporter(spec: RunSpec, job: JobConfig, context: LogContext, is_main:
     Every rank keeps its share of the live figures (``telemetry``: step times, samples, its last
     step). Rank 0 writes metrics.jsonl and JSON log records at the console cadence, draws the progress
     bar on a terminal, and journals for MLflow (written even while the tracker is unreachable)."""
+    reached = read_step_mark(spec.worker_step(context.rank)) if context.rank is not None else None
     mark = StepMark(spec.worker_step(context.rank)) if context.rank is not None else None
     sinks: list[Any] = [_StepTracker(context, mark)]
     if telemetry is not None and telemetry.path is not None:
-        sinks.append(TelemetrySink(telemetry, world_size, is_main))
+        sinks.append(TelemetrySink(telemetry, world_size, is_main, context.request_id, reached))
     if not is_main:
         return Reporters(*sinks)
     if console is not None:
