@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from scaletrain.data.sampler import DataLayout, GlobalBatchSampler, SeededDataset, shard_indices
 from scaletrain.data.skipping import SkippingDataset, counted_batches, skipping_collate
 
-__all__ = ["train_loader", "eval_loader"]
+__all__ = ["train_loader", "eval_loader", "TrainBatches"]
 
 
 def train_loader(
@@ -26,7 +26,7 @@ def train_loader(
     collate: Callable[[list[Any]], Any] | None,
     pin_memory: bool = False,
     skip_errors: bool = False,
-) -> Iterable[Any]:
+) -> TrainBatches:
     """The batches of this rank from ``start_step``; ``skip_errors`` (data.on_error: skip): a
     sample whose dataset raises is left out of its batch and counted (data/skipping.py)."""
     sampler = GlobalBatchSampler(
@@ -41,7 +41,39 @@ def train_loader(
         pin_memory=pin_memory,
         persistent_workers=loader_workers > 0,
     )
-    return counted_batches(loader) if skip_errors else loader
+    return TrainBatches(loader, counted=skip_errors)
+
+
+class TrainBatches:
+    """This rank's batches, and how many its loader's workers have ready ahead of the training
+    loop (the prefetch queue's depth: 0 at every report means the loop waits for data)."""
+
+    def __init__(self, loader: DataLoader, counted: bool):
+        self.loader, self.counted = loader, counted
+        self._source: Any = None  # the DataLoader's iterator, once iterated
+        self._batches: Iterator[Any] | None = None
+
+    def __iter__(self) -> TrainBatches:
+        if self._batches is None:
+            self._source = iter(self.loader)
+            self._batches = counted_batches(self._source) if self.counted else self._source
+        return self
+
+    def __next__(self) -> Any:
+        return next(iter(self)._batches)  # type: ignore[arg-type]  # set by __iter__
+
+    def ready(self) -> int | None:
+        """Batches finished by the loader's workers and not yet taken by the loop: torch's
+        multiprocessing iterator's result queue and its reorder buffer (private names, read
+        defensively); None without workers (batches are made on demand) or when unknown."""
+        source = self._source
+        if source is None or not hasattr(source, "_task_info"):
+            return None
+        try:
+            buffered = sum(1 for info in list(source._task_info.values()) if len(info) == 2)
+            return int(source._data_queue.qsize()) + buffered
+        except (AttributeError, NotImplementedError, TypeError, ValueError, OSError):
+            return None
 
 
 def eval_loader(

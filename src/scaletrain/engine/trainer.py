@@ -15,7 +15,7 @@ import torch
 from scaletrain.checkpoint.location import accumulation_for, global_batch
 from scaletrain.checkpoint.manager import CheckpointManager
 from scaletrain.config.schema import JobConfig
-from scaletrain.data.loader import eval_loader, train_loader
+from scaletrain.data.loader import TrainBatches, eval_loader, train_loader
 from scaletrain.data.sampler import DataLayout, derive_seed
 from scaletrain.distributed import collectives
 from scaletrain.distributed.device import Placement, autocast, seed_rng, to_device
@@ -86,6 +86,7 @@ class Trainer:
         )
         self.checkpoints = checkpoints
         self.tokens_per_sample = task_tokens_per_sample(task)
+        self.batches: TrainBatches | None = None  # this rank's, while fit() runs
         self.after_step = after_step  # the worker's hook (fault injection in tests)
         self.control = control or Control(collectives.active(), None, None, None)
         self.device = placement.device
@@ -160,6 +161,7 @@ class Trainer:
             skip_errors=self.job.data.on_error == "skip",
         )
         batches = iter(loader)
+        self.batches = batches
         result = TrainResult(steps=self.step, resumed_from_step=self.resumed_from_step,
                              strategy=self.job.scale.resolved_strategy)
         self.reporter.on_start(total_steps=self.max_steps, start_step=self.step)
@@ -367,6 +369,9 @@ class Trainer:
 
     def _report_train(self, window: MetricsWindow) -> dict[str, float]:
         """Report every pending step; returns the last one's metrics."""
+        ready = self.batches.ready() if self.batches is not None else None
+        if ready is not None:  # the prefetch queue's depth, seen at each report
+            telemetry().set("data_ready_batches", ready)
         last = window.report(self.reporter, self.layout.global_batch, self.tokens_per_sample)[-1]
         self.last_metrics.update({f"train/{k}": (last.step, v) for k, v in last.metrics.items()})
         return last.metrics

@@ -49,6 +49,8 @@ FIGURES = {f.name: f for f in (
            "window's mean: no device sync per step).", "per_rank", buckets=STEP_BUCKETS),
     Figure("data_wait_seconds_total", "counter", "Seconds this rank's training loop waited for data.",
            "per_rank"),
+    Figure("data_ready_batches", "gauge", "Batches the data loader's workers have ready ahead of the training "
+           "loop, at the last report (data.loader_workers > 0).", "per_rank"),
     Figure("last_step", "gauge", "The last step this rank finished.", "per_rank"),
     Figure("last_step_timestamp_seconds", "gauge", "Unix time this rank last finished a step.", "per_rank"),
     Figure("errors_total", "counter", "Failed units of work, by kind (rate: divide by work_total).",
