@@ -132,6 +132,10 @@ def test_a_killed_worker_is_recovered_from_the_newest_checkpoint(tmp_path, monke
     assert summary["restarts"] == 1 and summary["resumed_from_step"] == 20
     assert summary["weights_sha256"] == local_reference["weights_sha256"]
     assert [row["step"] for row in read_metrics(summary["run_dir"])] == list(range(1, 31))
+    # Counted while it ran (the endpoint, the alerts), not only in the summary.
+    logs = Path(summary["run_dir"]) / "logs"
+    assert json.loads((logs / "telemetry" / "launcher-0.json").read_text())["figures"]["restarts_total"] == 1
+    assert (logs / "launcher.jsonl").read_text().count("restarting the workers (start 2) after a worker failure") == 1
 
 
 def test_a_hang_under_ray_is_dumped_ended_and_restarted(tmp_path, monkeypatch, ray_cluster, local_reference):

@@ -98,6 +98,13 @@ def test_rank_0_on_another_node_leaves_the_driver_a_complete_run(tmp_path, clust
     log = (run_dir / "logs" / "worker-0.jsonl").read_text()
     assert '"message": "resuming from checkpoint s3://ckpt/ray-nodes/' in log
     assert not list(run_dir.rglob("*.relay"))
+    # Every rank's live figures reached the driver's endpoint folder; the restart was counted live.
+    telemetry = run_dir / "logs" / "telemetry"
+    for rank in (0, 1):
+        figures = json.loads((telemetry / f"rank-{rank}.json").read_text())["figures"]
+        assert figures["last_step"] == 20, (rank, figures)
+    assert json.loads((telemetry / "launcher-0.json").read_text())["figures"]["restarts_total"] == 1
+    assert "restarting the workers (start 2) after a worker failure" in (run_dir / "logs" / "launcher.jsonl").read_text()
 
     from mlflow import MlflowClient
 

@@ -9,6 +9,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from scaletrain.rundir import RunSpec
@@ -74,6 +75,7 @@ class ConsoleRelay:
         self.total = 0
         self.log = logging.getLogger("scaletrain_launcher.ray.console")
         self.bar = None
+        self.attempts = 0  # starts of the worker group seen (Ray Train restarts it on a failure)
         if sys.stderr.isatty():
             from scaletrain.tracking.progress import ProgressBar
 
@@ -102,8 +104,28 @@ class ConsoleRelay:
                 self.log.warning("relaying the run's files failed: %s: %s", type(exc).__name__, exc)
             for kind, data in events:
                 self._show(kind, data)
+            try:
+                self._count_restarts(ray.get(self.mailbox.attempts.remote(), timeout=10))
+            except Exception:  # noqa: S110  the figures wait for the next look
+                pass
             if stopping:
                 return
+
+    def _count_restarts(self, attempts: int) -> None:
+        """Ray Train restarted the worker group: counted live (the endpoint, the alerts) and
+        said in the launcher's log, as the local engine does."""
+        from scaletrain.errors import WorkerFailedError
+        from scaletrain.observe.telemetry import current as telemetry
+
+        for attempt in range(max(self.attempts, 1), attempts):
+            figures = telemetry()
+            figures.add("restarts_total")
+            figures.work("attempt", 1, errors=1)
+            figures.flush(force=True)
+            logging.getLogger("scaletrain_launcher.restart").warning(
+                "restarting the workers (start %d) after a worker failure; the failed rank's error is in %s",
+                attempt + 1, Path(self.run_dir) / "logs", extra={"code": WorkerFailedError.code})
+        self.attempts = max(self.attempts, attempts)
 
     def _write_files(self, items: list) -> None:
         """Workers on other machines relay the run's files (relay.py): written here."""

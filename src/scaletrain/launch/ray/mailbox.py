@@ -34,6 +34,10 @@ def mailbox_actor(ray: Any):
                 self.starts[rank] = attempt + 1
                 return attempt
 
+            def attempts(self) -> int:
+                """How many times the worker group has started (a restart: one more)."""
+                return max(self.starts.values(), default=0)
+
             def put_result(self, result: dict[str, Any]) -> None:
                 self._result = result
 

@@ -6,7 +6,9 @@ to the driver, which writes them into its run directory:
 - rank 0's metrics file, metric journal (what the driver's tracking process sends to MLflow) and
   log, as they grow (every half second, and before every checkpoint commits);
 - at the end, rank 0's final files: the weights, the MLflow model, the run card; every rank's log;
-- a failed rank's error and log; a hung rank's stacks as soon as they are dumped.
+- a failed rank's error and log; a hung rank's stacks as soon as they are dumped;
+- every rank's live figures (``logs/telemetry/rank-N.json``, for the driver's metrics endpoint and
+  alerts) whole, at most once a second when they changed, and at the end.
 Checkpoints never travel this way: they go to checkpoint storage every node reaches.
 """
 
@@ -26,6 +28,7 @@ from scaletrain.rundir import (
     NODE_DIR_ENV,
     RAY_NODE_LOCAL_ENV,
     RUN_CARD_FILE,
+    TELEMETRY_DIR,
     TRACKING_DIR,
     WEIGHTS_FILE,
     worker_error_name,
@@ -40,8 +43,11 @@ CHUNK = 8 << 20  # bytes per mailbox call
 BACKLOG = 256 << 20  # the sender waits while the driver has this much left to write
 _RELAYED = re.compile(
     r"^(metrics\.jsonl|run_card\.json|model\.safetensors|tracking/metrics\.journal\.jsonl"
-    r"|logs/worker-\d+\.(jsonl|error\.json|stacks\.txt)|mlflow_model/[\w.-]+(/[\w.-]+)*)$"
+    r"|logs/worker-\d+\.(jsonl|error\.json|stacks\.txt)|logs/telemetry/rank-\d+\.json"
+    r"|mlflow_model/[\w.-]+(/[\w.-]+)*)$"
 )
+_FIGURES = re.compile(r"^logs/telemetry/rank-\d+\.json$")  # figures, not records: no fsync
+FIGURES_EVERY_S = 1.0
 
 
 def local_dir_for(run_id: str, node_id: str) -> str:
@@ -84,6 +90,7 @@ class RunDirRelay:
     def _stacks_loop(self) -> None:
         relpath = f"{LOGS_DIR}/{worker_stacks_name(self.rank)}"
         path = self.local_dir / relpath
+        figures_sent_at, figures_changed = 0.0, None
 
         def size() -> int:
             try:
@@ -102,6 +109,26 @@ class RunDirRelay:
                 except Exception:  # noqa: S110  the driver may be gone; its error says so
                     pass
             last = now
+            if time.monotonic() - figures_sent_at >= FIGURES_EVERY_S:
+                figures_sent_at = time.monotonic()
+                figures_changed = self._send_figures(figures_changed)
+
+    def _figures_path(self) -> str:
+        return f"{LOGS_DIR}/{TELEMETRY_DIR}/rank-{self.rank}.json"
+
+    def _send_figures(self, sent: int | None) -> int | None:
+        """This rank's telemetry file, whole, when it changed since ``sent`` (its mtime)."""
+        try:
+            changed = (self.local_dir / self._figures_path()).stat().st_mtime_ns
+        except OSError:
+            return sent
+        if changed != sent:
+            try:
+                with self._lock:
+                    self._send_from(self._figures_path(), 0, whole=True)
+            except Exception:  # noqa: S110  the driver may be gone; figures are best effort
+                return sent
+        return changed
 
     def _call(self, method: str, *args: Any) -> Any:
         """One mailbox call, waited for (the order of a rank's calls is the order it made them)."""
@@ -179,6 +206,7 @@ class RunDirRelay:
         with self._lock:
             for relpath in self.tailed:
                 self._send_from(relpath, self._sent.get(relpath, 0), whole=False)
+            self._send_from(self._figures_path(), 0, whole=True)
             for relpath in files:
                 path = self.local_dir / relpath
                 targets = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
@@ -189,7 +217,8 @@ class RunDirRelay:
     def failed(self) -> None:
         """Any rank that failed: its error, log and hang stacks, whole (best effort)."""
         self._done.set()
-        names = [f"{LOGS_DIR}/{worker_error_name(self.rank)}", f"{LOGS_DIR}/{worker_stacks_name(self.rank)}"]
+        names = [f"{LOGS_DIR}/{worker_error_name(self.rank)}", f"{LOGS_DIR}/{worker_stacks_name(self.rank)}",
+                 self._figures_path()]
         try:
             with self._lock:
                 for relpath in names:
@@ -229,7 +258,7 @@ def write_relayed(run_dir: str | Path, items: list[tuple[str, int, bytes, bool, 
         with open(written, "r+b" if offset and written.exists() else "wb") as handle:
             handle.seek(offset)
             handle.write(data)
-            if last:
+            if last and not _FIGURES.match(relpath):
                 handle.flush()
                 os.fsync(handle.fileno())
         if last:
