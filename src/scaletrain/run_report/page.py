@@ -41,7 +41,8 @@ def _duration(report: dict[str, Any]) -> str:
     if not report.get("start"):
         return "-"
     end = report.get("end")
-    seconds = (end or time.time()) - report["start"]
+    wall = (report.get("summary") or {}).get("wall_time_s")  # the launch's, start-up included
+    seconds = wall if end and isinstance(wall, (int, float)) else (end or time.time()) - report["start"]
     text = f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
     return text if end else f"{text} so far (running)"
 
