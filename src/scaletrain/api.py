@@ -362,7 +362,14 @@ def _close(
     write_text_atomic(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2))
     if tracking is None:
         return
-    tracking.close(summary, status, [
+    from scaletrain.observe.exporter import job_totals
+    from scaletrain.rundir import TELEMETRY_DIR
+
+    # The job's figures as it ends (errors and units of work by kind, restarts, stalls, goodput).
+    totals = job_totals(run_dir / LOGS_DIR / TELEMETRY_DIR)
+    for key, value in (summary.get("goodput") or {}).items():
+        totals["system/goodput" if key == "ratio" else f"system/goodput/{key}"] = value
+    tracking.close(summary, status, totals, [
         (run_dir / SUMMARY_FILE, None),
         (run_dir / RUN_CARD_FILE, None),
         (run_dir / LOGS_DIR, "logs"),

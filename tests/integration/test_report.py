@@ -55,6 +55,12 @@ def test_the_report_of_a_restarted_run_renders_in_a_browser_and_is_attached(tmp_
     assert 0 < spent["startup_s"] < outcome["time_to_first_step_s"]  # the first attempt's, not the restart's
     parts = sum(spent[k] for k in ("productive_s", "startup_s", "checkpoint_stall_s", "redone_s", "other_s"))
     assert parts == pytest.approx(outcome["wall_time_s"], abs=0.01)
+    # The job's figures as it ended, on the MLflow run beside train/ and eval/.
+    ended = MlflowClient(uri).get_run(outcome["mlflow_run_id"]).data.metrics
+    assert ended["system/restarts_total"] == 1 and ended["system/goodput"] == spent["ratio"]
+    assert (ended["system/work_total/attempt"], ended["system/errors_total/attempt"]) == (2, 1)
+    # (a killed attempt's last second of figures may be lost: they are figures, not records)
+    assert ended["system/checkpoint_save_seconds/count"] >= 2 and ended["system/evals_total"] >= 2
 
     made = scaletrain_cli("report", outcome["run_id"], "--uri", uri, "--out", "report", "--json", cwd=tmp_path)
     assert made.returncode == 0, made.stderr[-3000:]

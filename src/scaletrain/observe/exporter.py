@@ -17,7 +17,7 @@ from typing import Any
 from scaletrain.observe.catalog import FIGURES, PREFIX, Figure
 from scaletrain.observe.telemetry import Telemetry, install
 
-__all__ = ["JobCollector", "MetricsEndpoint", "Observation", "read_shares", "observed"]
+__all__ = ["JobCollector", "MetricsEndpoint", "Observation", "read_shares", "observed", "job_totals"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,32 @@ def read_shares(directory: Path) -> list[dict[str, Any]]:
         if isinstance(share, dict) and isinstance(share.get("figures"), dict):
             shares.append(share)
     return shares
+
+
+# Per-rank positions and clock times: live figures, not totals a finished run is compared by.
+_NOT_TOTALS = {"last_step", "last_step_timestamp_seconds", "last_checkpoint_timestamp_seconds", "data_ready_batches",
+               "trials"}
+
+
+def job_totals(directory: Path) -> dict[str, float]:
+    """The job's figures added up over its processes as MLflow metric names (``system/...``;
+    a label's value and a histogram's sum and count as a last part): what a run ends with."""
+    shares = read_shares(directory)
+    totals: dict[str, float] = {}
+    for figure in FIGURES.values():
+        if figure.name in _NOT_TOTALS:
+            continue
+        name = f"system/{figure.name}"
+        if figure.type == "histogram":
+            for hist in _histograms(figure, shares).values():
+                totals[f"{name}/sum"] = totals.get(f"{name}/sum", 0.0) + hist["sum"]
+                totals[f"{name}/count"] = totals.get(f"{name}/count", 0.0) + sum(hist["counts"])
+            continue
+        for labels, value in _values(figure, shares).items():
+            label = labels[-1] if figure.label is not None else None
+            key = f"{name}/{label}" if label else name
+            totals[key] = max(totals.get(key, value), value) if figure.aggregate == "max" else totals.get(key, 0.0) + value
+    return dict(sorted(totals.items()))
 
 
 def _number(value: Any) -> float | None:

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import socket
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -173,9 +174,10 @@ class TrackingRun:
         self.client.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step or 0)])
         return str(model.model_id)
 
-    def finish(self, status: str, tags: dict[str, Any] | None = None, restarts: int = 0) -> None:
+    def finish(self, status: str, tags: dict[str, Any] | None = None, restarts: int = 0,
+               metrics: dict[str, float] | None = None, step: int | None = None) -> None:
         """``status``: FINISHED, FAILED or KILLED. ``restarts``: this attempt's worker restarts,
-        added to the run's count."""
+        added to the run's count. ``metrics``: the job's figures as it ends, at ``step``."""
         if self.system_metrics is not None:
             self.system_metrics.finish()
             self.system_metrics = None
@@ -183,6 +185,12 @@ class TrackingRun:
         tags = {**(tags or {}), "scaletrain.restarts": int(previous) + int(restarts)}
         for key, value in tags.items():
             self.client.set_tag(self.run_id, key, self.redactor.text(str(value)))
+        if metrics:
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            self.client.log_batch(self.run_id, metrics=[
+                Metric(key, float(value), now, int(step or 0)) for key, value in metrics.items()])
         self.client.set_terminated(self.run_id, status)
 
 

@@ -105,8 +105,10 @@ class TrackingSession:
         self._settled.wait(self.config.tracking.flush_timeout_s)
         return self.run_id
 
-    def close(self, summary: dict[str, Any], status: str, artifacts: list[tuple[Path, str | None]]) -> None:
-        """Deliver what is left within ``tracking.flush_timeout_s``, log ``artifacts``, end the run."""
+    def close(self, summary: dict[str, Any], status: str, metrics: dict[str, float],
+              artifacts: list[tuple[Path, str | None]]) -> None:
+        """Deliver what is left within ``tracking.flush_timeout_s``, log ``artifacts`` and the
+        job's final ``metrics`` (system/...), end the run."""
         assert self._proc is not None and self._proc.stdin is not None  # noqa: S101  started with pipes
         deadline = self._deadline or time.monotonic() + self.config.tracking.flush_timeout_s
         timeout = max(0.0, deadline - time.monotonic())
@@ -122,6 +124,7 @@ class TrackingSession:
         if isinstance(summary.get("goodput"), dict):  # this launch's (observe/goodput.py)
             tags["scaletrain.goodput"] = summary["goodput"]["ratio"]
         command = {"timeout_s": timeout, "status": status, "tags": tags, "restarts": summary.get("restarts", 0),
+                   "metrics": metrics, "step": summary.get("steps"),
                    "artifacts": [[str(path), artifact_path] for path, artifact_path in artifacts]}
         try:
             self._proc.stdin.write(json.dumps(command) + "\n")

@@ -124,7 +124,8 @@ def _finish(run: Any, command: dict[str, Any], log: logging.Logger) -> str | Non
                 log.info("logged model %s of run %s", model_id, run.run_id)
             else:
                 run.log_artifact(path, artifact_path)
-        run.finish(command["status"], command.get("tags") or {}, restarts=command.get("restarts", 0))
+        run.finish(command["status"], command.get("tags") or {}, restarts=command.get("restarts", 0),
+                   metrics=command.get("metrics") or {}, step=command.get("step"))
         return None
     except Exception as exc:
         log.warning("could not record the end of MLflow run %s (%s); the run directory has it all",
