@@ -7,7 +7,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
-from scaletrain.data.sampler import DataLayout, GlobalBatchSampler, SeededDataset, shard_indices
+from scaletrain.data.sampler import ORDER, DataLayout, GlobalBatchSampler, SeededDataset, shard_indices
 from scaletrain.data.skipping import SkippingDataset, counted_batches, skipping_collate
 
 __all__ = ["train_loader", "eval_loader", "TrainBatches"]
@@ -26,11 +26,12 @@ def train_loader(
     collate: Callable[[list[Any]], Any] | None,
     pin_memory: bool = False,
     skip_errors: bool = False,
+    order: str = ORDER,
 ) -> TrainBatches:
     """The batches of this rank from ``start_step``; ``skip_errors`` (data.on_error: skip): a
     sample whose dataset raises is left out of its batch and counted (data/skipping.py)."""
     sampler = GlobalBatchSampler(
-        layout, rank=rank, seed=seed, shuffle=shuffle, start_step=start_step, stop_step=stop_step
+        layout, rank=rank, seed=seed, shuffle=shuffle, start_step=start_step, stop_step=stop_step, order=order,
     )
     collate = collate or default_collate
     loader = DataLoader(

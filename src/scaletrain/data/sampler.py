@@ -8,11 +8,18 @@ global batches as 1 worker x batch 2b, and resuming at step ``s`` needs nothing 
 Randomness is keyed by the chunk, not by (micro-step, rank): 2 workers and 1 worker accumulating
 2 micro-steps (a job resumed on fewer workers, or continuing after losing a node) draw the same
 dropout masks and augmentations for the same samples.
+
+``perm`` is a seeded bijection evaluated position by position (data/permutation.py): no rank
+holds an epoch's order, so the sampler's memory does not grow with the dataset (a billion
+samples cost what a thousand do). Checkpoints say which order they were trained with
+(``ORDER``); one from before it (``LEGACY_ORDER``: torch.randperm of the whole epoch) resumes in
+that order, exactly.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +29,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-__all__ = ["derive_seed", "DataLayout", "GlobalBatchSampler", "SeededBatch", "SeededDataset", "shard_indices"]
+from scaletrain.data.permutation import ROUNDS, IndexPermutation
+
+__all__ = ["derive_seed", "DataLayout", "GlobalBatchSampler", "SeededBatch", "SeededDataset", "shard_indices",
+           "ORDER", "LEGACY_ORDER"]
+
+ORDER = "feistel-1"  # the epoch order of new runs, kept in their checkpoints
+LEGACY_ORDER = "randperm"  # what a checkpoint that names no order was trained with
+_BLOCK_STEPS = 64  # steps whose indices are computed in one vectorised call
 
 
 def derive_seed(*parts: Any) -> int:
@@ -72,6 +86,7 @@ class GlobalBatchSampler(Sampler[SeededBatch]):
         shuffle: bool = True,
         start_step: int = 0,
         stop_step: int | None = None,
+        order: str = ORDER,
     ):
         if layout.steps_per_epoch < 1:
             raise ValueError(
@@ -79,41 +94,73 @@ class GlobalBatchSampler(Sampler[SeededBatch]):
                 f"{layout.global_batch} (batch_size {layout.batch_size} x workers "
                 f"{layout.world_size} x grad_accum {layout.grad_accum}); lower data.batch_size"
             )
+        if order not in (ORDER, LEGACY_ORDER):
+            raise ValueError(f"unknown data order {order!r}: this version knows {ORDER} and {LEGACY_ORDER}")
         self.layout = layout
         self.rank = rank
         self.seed = seed
         self.shuffle = shuffle
         self.start_step = start_step
         self.stop_step = stop_step
+        self.order = order
+
+    def permutation(self, epoch: int) -> IndexPermutation:
+        return IndexPermutation(self.layout.dataset_len,
+                                [derive_seed(self.seed, "epoch", epoch, "round", r) for r in range(ROUNDS)])
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
+        """The whole epoch's order (O(dataset) memory: for tests and small datasets only)."""
+        n = self.layout.dataset_len
         if not self.shuffle:
-            return torch.arange(self.layout.dataset_len)
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, "epoch", epoch))
-        return torch.randperm(self.layout.dataset_len, generator=generator)
+            return torch.arange(n)
+        if self.order == LEGACY_ORDER:
+            generator = torch.Generator().manual_seed(derive_seed(self.seed, "epoch", epoch))
+            return torch.randperm(n, generator=generator)
+        return torch.from_numpy(self.permutation(epoch)(np.arange(n)))
 
     def indices(self, step: int, micro: int) -> list[int]:
         """This rank's sample indices for one micro-step (used by tests and by __iter__)."""
         epoch, within = divmod(step, self.layout.steps_per_epoch)
-        return self._slice(self.epoch_order(epoch), within, micro)
+        return self._block(epoch, within, 1, self._epoch_source(epoch))[0, micro].tolist()
 
-    def _slice(self, order: torch.Tensor, within: int, micro: int) -> list[int]:
-        b = self.layout.batch_size
-        start = within * self.layout.global_batch + self.layout.chunk(micro, self.rank) * b
-        return order[start : start + b].tolist()
+    def _epoch_source(self, epoch: int) -> object:
+        """What maps an epoch's positions to samples: its permutation, or (legacy) its order."""
+        if not self.shuffle:
+            return None
+        if self.order == LEGACY_ORDER:
+            return self.epoch_order(epoch).numpy()
+        return self.permutation(epoch)
+
+    def _block(self, epoch: int, within: int, steps: int, source: object) -> np.ndarray:
+        """This rank's indices for ``steps`` steps from step ``within`` of ``epoch``, shaped
+        (step, micro-step, sample)."""
+        layout, b = self.layout, self.layout.batch_size
+        chunks = np.arange(layout.grad_accum) * layout.world_size + self.rank
+        positions = ((within + np.arange(steps))[:, None, None] * layout.global_batch
+                     + chunks[None, :, None] * b + np.arange(b)[None, None, :])
+        if source is None:
+            return positions
+        if isinstance(source, IndexPermutation):
+            return source(positions.ravel()).reshape(positions.shape)
+        return source[positions]  # type: ignore[index]  # the legacy order, a numpy array
 
     def __iter__(self) -> Iterator[SeededBatch]:
         step = self.start_step
-        cached_epoch, order = -1, None
-        while self.stop_step is None or step < self.stop_step:
-            epoch, within = divmod(step, self.layout.steps_per_epoch)
+        stop = math.inf if self.stop_step is None else self.stop_step
+        per_epoch = self.layout.steps_per_epoch
+        cached_epoch, source = -1, None
+        while step < stop:
+            epoch, within = divmod(step, per_epoch)
             if epoch != cached_epoch:
-                cached_epoch, order = epoch, self.epoch_order(epoch)
-            for micro in range(self.layout.grad_accum):
-                batch = SeededBatch(self._slice(order, within, micro))  # type: ignore[arg-type]  # set at the first step
-                batch.seed = derive_seed(self.seed, "data", step, self.layout.chunk(micro, self.rank))
-                yield batch
-            step += 1
+                cached_epoch, source = epoch, self._epoch_source(epoch)
+            steps = int(min(per_epoch - within, _BLOCK_STEPS, stop - step))
+            block = self._block(epoch, within, steps, source)
+            for offset in range(steps):
+                for micro in range(self.layout.grad_accum):
+                    batch = SeededBatch(block[offset, micro].tolist())
+                    batch.seed = derive_seed(self.seed, "data", step + offset, self.layout.chunk(micro, self.rank))
+                    yield batch
+            step += steps
 
     def __len__(self) -> int:
         if self.stop_step is None:

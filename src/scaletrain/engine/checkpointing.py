@@ -14,7 +14,7 @@ import torch
 from scaletrain.checkpoint.manager import CheckpointError, CheckpointManager
 from scaletrain.checkpoint.state import ModelAndOptimizer
 from scaletrain.config.schema import JobConfig
-from scaletrain.data.sampler import DataLayout
+from scaletrain.data.sampler import LEGACY_ORDER, ORDER, DataLayout
 
 __all__ = ["Checkpointer"]
 
@@ -26,6 +26,8 @@ class Checkpointer:
         self.manager = manager
         self.layout = layout
         self.every_steps = job.checkpoint.every_steps
+        # The epoch order the run reads in: a new run's, or the one its checkpoint was trained with.
+        self.data_order = ORDER
 
     def due(self, step: int) -> bool:
         return bool(self.every_steps and step % self.every_steps == 0)
@@ -40,6 +42,7 @@ class Checkpointer:
             "epoch": step // self.layout.steps_per_epoch,
             "samples": step * self.layout.global_batch,
             "global_batch": self.layout.global_batch,
+            "data_order": self.data_order,
             "scheduler": schedule,
         }
 
@@ -66,5 +69,12 @@ class Checkpointer:
                 "checkpoint %s was written by a different job configuration (config hash %s, "
                 "this job %s): resuming anyway", restored.name, state["config_hash"], expected,
             )
+        order = state.get("data_order", LEGACY_ORDER)
+        if order not in (ORDER, LEGACY_ORDER):
+            raise CheckpointError(
+                f"checkpoint {restored.name} reads its data in order {order!r}, which this version "
+                f"of scaletrain does not know ({ORDER}, {LEGACY_ORDER}); resume it with the version that wrote it"
+            )
+        self.data_order = order
         scheduler.load_state_dict(state["scheduler"])
         return restored.step

@@ -16,7 +16,7 @@ from scaletrain.checkpoint.location import accumulation_for, global_batch
 from scaletrain.checkpoint.manager import CheckpointManager
 from scaletrain.config.schema import JobConfig
 from scaletrain.data.loader import TrainBatches, eval_loader, train_loader
-from scaletrain.data.sampler import DataLayout, derive_seed
+from scaletrain.data.sampler import ORDER, DataLayout, derive_seed
 from scaletrain.distributed import collectives
 from scaletrain.distributed.device import Placement, autocast, seed_rng, to_device
 from scaletrain.distributed.env import DistEnv
@@ -159,6 +159,7 @@ class Trainer:
             collate=self.collate,
             pin_memory=self.device.type == "cuda",
             skip_errors=self.job.data.on_error == "skip",
+            order=self.checkpointer.data_order if self.checkpointer is not None else ORDER,
         )
         batches = iter(loader)
         self.batches = batches

@@ -42,10 +42,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from scaletrain.checkpoint.manager import CheckpointManager
+from scaletrain.checkpoint.manager import CheckpointError, CheckpointManager
 from scaletrain.checkpoint.state import LoopObjects
 from scaletrain.data.loader import eval_loader
-from scaletrain.data.sampler import derive_seed
+from scaletrain.data.sampler import LEGACY_ORDER, ORDER, derive_seed
 from scaletrain.engine.metrics import step_time_summary
 from scaletrain.engine.weights import save_state_weights, save_weights, state_dict_sha256
 from scaletrain.errors import ScaletrainError
@@ -90,6 +90,7 @@ class LoopContext:
         self._model: nn.Module | None = None
         self._loaders: list[LoopLoader] = []
         self._restored_positions: list[int] = []  # loaders made after restore() start there
+        self._data_order = ORDER  # a new run's epoch order, or the one its checkpoint was trained with
         self._card: threading.Thread | None = None
         self._state: LoopObjects | None = None
         self._checkpoints: CheckpointManager | None = None
@@ -141,7 +142,7 @@ class LoopContext:
         loader = LoopLoader(
             dataset, batch_size, rank=self.rank, world_size=self.world_size, seed=self._runtime.job.seed,
             device=self.device, shuffle=shuffle, collate_fn=collate_fn, num_workers=num_workers,
-            on_batch=self._progress,
+            on_batch=self._progress, order=self._data_order,
         )
         if self._restored_positions and len(self._loaders) < len(self._restored_positions):
             loader.position = self._restored_positions[len(self._loaders)]
@@ -246,8 +247,13 @@ class LoopContext:
         kept = restored.trainer_state
         self._state.set_values(kept.get("values", {}))
         self._restored_positions = [int(p) for p in kept.get("loaders", [])]
+        self._data_order = kept.get("data_order", LEGACY_ORDER)
+        if self._data_order not in (ORDER, LEGACY_ORDER):
+            raise CheckpointError(f"the checkpoint of step {restored.step} reads its data in order "
+                                  f"{self._data_order!r}, which this version of scaletrain does not know; "
+                                  "resume it with the version that wrote it")
         for loader, position in zip(self._loaders, self._restored_positions, strict=False):
-            loader.position = position
+            loader.position, loader.order = position, self._data_order
         self.step = self.resumed_from_step = restored.step
         if self.is_main:
             log.info("resumed", extra={"step": restored.step})
@@ -277,7 +283,7 @@ class LoopContext:
         if watchdog is not None:
             watchdog.arm()
         kept = {"kind": "loop", "loaders": [loader.position for loader in self._loaders],
-                "values": state.values()}
+                "values": state.values(), "data_order": self._data_order}
         checkpoints.save(step, state, kept, metrics)
         self._runtime.control.saved()
 

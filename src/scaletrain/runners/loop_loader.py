@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from scaletrain.data.loader import train_loader
-from scaletrain.data.sampler import DataLayout, derive_seed
+from scaletrain.data.sampler import ORDER, DataLayout, derive_seed
 from scaletrain.distributed.device import seed_rng, to_device
 
 __all__ = ["LoopLoader"]
@@ -37,6 +37,7 @@ class LoopLoader:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         num_workers: int = 0,
         on_batch: Callable[[], None] | None = None,
+        order: str = ORDER,
     ):
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
             raise TypeError("ctx.loader needs a map-style dataset (with __len__ and __getitem__)")
@@ -50,6 +51,7 @@ class LoopLoader:
         self.rank, self.seed, self.device, self.shuffle = rank, seed, device, shuffle
         self.collate_fn, self.num_workers = collate_fn, num_workers
         self.on_batch = on_batch
+        self.order = order  # the epoch order (a resumed run's is its checkpoint's)
         self.position = 0  # batches handed out since the job began (every rank alike)
 
     @property
@@ -66,7 +68,7 @@ class LoopLoader:
         loader = train_loader(
             self.dataset, self.layout, rank=self.rank, seed=self.seed, shuffle=self.shuffle,
             start_step=self.position, stop_step=end, loader_workers=self.num_workers,
-            collate=self.collate_fn, pin_memory=self.device.type == "cuda",
+            collate=self.collate_fn, pin_memory=self.device.type == "cuda", order=self.order,
         )
         for batch in loader:
             seed_rng(derive_seed(self.seed, "step", self.position, self.rank), self.device)
