@@ -154,7 +154,8 @@ def made_run(checkout):
     assert (checkout.root / "mlflow.db").is_file(), "make run tracks into ./mlflow.db"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["world_size"] == 2, result.stderr[-2000:]
-    assert summary["strategy"] == "ddp" and summary["eval"]["accuracy"] >= 0.95  # the example learns
+    # The example learns: 0.950, 0.958, 0.967, 0.958 eval accuracy at seeds 0-3 (chance: 0.1).
+    assert summary["strategy"] == "ddp" and summary["eval"]["accuracy"] >= 0.94
     return summary
 
 
@@ -332,7 +333,9 @@ def test_the_metrics_endpoint_and_the_alert_rules(checkout):
     run = checkout.start(readme("scaletrain run examples/digits.yaml --metrics-port 9464"))
     served, deadline = "", time.monotonic() + 120
     try:
-        while run.poll() is None and time.monotonic() < deadline and "scaletrain_steps_total{" not in served:
+        # Until both ranks' figures are served (each rank rewrites its file at most once a second).
+        while (run.poll() is None and time.monotonic() < deadline
+               and 'scaletrain_steps_total{rank="1"}' not in served):
             try:
                 served = urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=2).read().decode()
             except OSError:
