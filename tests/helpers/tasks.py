@@ -165,3 +165,18 @@ def toy_job(tmp_path, **sections) -> dict:
         else:
             job[key] = value
     return job
+
+
+class StreamingToyTask(ToyTask):
+    """ToyTask whose training data is a stream (an IterableDataset: no len(), no [i])."""
+
+    def train_dataset(self):
+        from torch.utils.data import IterableDataset
+
+        samples = self.train
+
+        class Stream(IterableDataset):
+            def __iter__(self):
+                return iter(samples)
+
+        return Stream()

@@ -198,3 +198,14 @@ def test_a_node_whose_driver_never_answers_says_so_in_one_line(tmp_path):
         f"error: nothing answered at {job['scale']['rdzv_endpoint']} (the driver, node 0) within 2 s; "
         "start node 0 first with the same job, and check scale.rdzv_endpoint (recovery.node_wait_s "
         "sets the wait)"]
+
+
+def test_a_streaming_training_set_is_one_line_naming_what_to_return(tmp_path):
+    job = toy_job(tmp_path, task={"target": "tests.helpers.tasks:StreamingToyTask", "args": {}})
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    out = scaletrain_cli("run", str(tmp_path / "job.yaml"))
+    assert out.returncode != 0
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "train_dataset() returned a Stream, which has no len() and [i]" in errors[0]
+    assert "map-style" in errors[0]

@@ -35,7 +35,7 @@ from scaletrain.engine.optim import build_optimizer
 from scaletrain.engine.schedule import LRSchedule, build_scheduler
 from scaletrain.engine.state_bytes import measure_state_bytes
 from scaletrain.engine.weights import state_dict_sha256
-from scaletrain.errors import ScaletrainError
+from scaletrain.errors import ScaletrainError, TaskError
 from scaletrain.observe.telemetry import current as telemetry
 from scaletrain.strategies import get_strategy
 from scaletrain.strategies.activation_checkpoint import checkpoint_blocks
@@ -105,8 +105,10 @@ class Trainer:
         self._skipped_updates, self._skip_said_at = 0, -30.0  # train.nonfinite: skip
         self.optimizer = build_optimizer(self.strategy.unwrap(self.model), job.optim, self.strategy)
 
-        self.train_set = task.train_dataset()
+        self.train_set = _map_style(task.train_dataset(), "train_dataset")
         self.eval_set = task.eval_dataset() if callable(getattr(task, "eval_dataset", None)) else None  # type: ignore[attr-defined]  # an optional part of the Task protocol, checked
+        if self.eval_set is not None:
+            self.eval_set = _map_style(self.eval_set, "eval_dataset")
         if self.eval_set is not None and len(self.eval_set) < env.world_size:
             raise ScaletrainError(
                 f"the eval set has {len(self.eval_set)} samples, fewer than the "
@@ -115,7 +117,7 @@ class Trainer:
         self.collate = getattr(task, "collate", None)
         self.accum = _accumulation(job, env)
         self.layout = DataLayout(
-            dataset_len=len(self.train_set),  # type: ignore[arg-type]  # map-style datasets have a length
+            dataset_len=len(self.train_set),  # map-style: checked by _map_style
             batch_size=job.data.batch_size,
             world_size=env.world_size,
             grad_accum=self.accum,
@@ -402,3 +404,15 @@ def _accumulation(job: JobConfig, env: DistEnv) -> int:
             job.train.grad_accum, global_batch(job),
         )
     return accum
+
+
+def _map_style(dataset: Any, method: str) -> Any:
+    """The dataset, if the sampler can index it (len() and [i]); else one line saying what to return."""
+    if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
+        return dataset
+    kind = type(dataset).__name__
+    raise TaskError(
+        f"the task's {method}() returned a {kind}, which has no len() and [i]: scaletrain's sampler reads "
+        "samples by global position, so a task's datasets are map-style for now (a torch Dataset, a "
+        "list, a TensorDataset); load a stream into one, or read it in your own loop (a job with loop.target)"
+    )
