@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -72,3 +74,40 @@ def gpu_section(markdown: str) -> str | None:
     """The GPU check's section of a benchmarks page, markers included (None if it has none)."""
     start, end = markdown.find(GPU_SECTION[0]), markdown.find(GPU_SECTION[1])
     return markdown[start:end + len(GPU_SECTION[1])] if 0 <= start < end else None
+
+
+def alternating_blocks(trainer: Any, batches: Any, switch: dict[str, Callable[[], None]], blocks: int,
+                       block_steps: int = 200) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Trainer.fit's loop in blocks of ``block_steps`` steps, one trainer in one process, the
+    settings of ``switch`` (name -> what puts the trainer in it) alternating A B B A after one
+    warm-up block each (an A/A run showed the second block of a pair slower here): wall and
+    training-thread CPU seconds per step of every block, by setting. The caller has started
+    the trainer's reporters; ``batches`` is its batch iterator."""
+    import time
+
+    from scaletrain.engine.metrics import MetricsWindow
+    from scaletrain.engine.trainer import TrainResult
+
+    window, outcome = MetricsWindow(time.perf_counter(), trainer.step), TrainResult(steps=trainer.step)
+
+    def block(name: str) -> tuple[float, float]:
+        switch[name]()
+        started, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(block_steps):
+            out = trainer.train_step(batches, report=trainer._due(trainer.report_every))
+            trainer.step += 1
+            window.add(out, trainer.step)
+            trainer._between_steps(window, outcome)
+        return (time.perf_counter() - started) / block_steps, (time.thread_time() - cpu) / block_steps
+
+    for name in switch:  # warm up
+        block(name)
+    wall: dict[str, list[float]] = {name: [] for name in switch}
+    cpu: dict[str, list[float]] = {name: [] for name in switch}
+    names = list(switch)
+    for index in range(blocks):
+        for name in names if index % 2 == 0 else reversed(names):
+            w, c = block(name)
+            wall[name].append(w)
+            cpu[name].append(c)
+    return wall, cpu

@@ -22,12 +22,12 @@ import statistics
 import sys
 import tempfile
 import threading
-import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, emit, run_scaletrain, steady_steps_per_s  # noqa: E402
+from common import REPO, alternating_blocks, emit, run_scaletrain, steady_steps_per_s  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from tests.helpers.servers import free_port  # noqa: E402
@@ -59,8 +59,7 @@ def critical_path(job_file: str, blocks: int) -> dict:
     from scaletrain.data.loader import train_loader
     from scaletrain.distributed.device import choose_placement
     from scaletrain.distributed.env import DistEnv
-    from scaletrain.engine.metrics import MetricsWindow
-    from scaletrain.engine.trainer import Trainer, TrainResult
+    from scaletrain.engine.trainer import Trainer
     from scaletrain.observe.telemetry import Telemetry, install
     from scaletrain.rundir import RunSpec
     from scaletrain.task import build_task
@@ -87,29 +86,14 @@ def critical_path(job_file: str, blocks: int) -> dict:
     ))
     for reporter in reporters.values():
         reporter.on_start(trainer.max_steps, 0)
-    window, outcome = MetricsWindow(time.perf_counter(), 0), TrainResult(steps=0)
 
-    def block(name: str) -> tuple[float, float]:
-        """Trainer.fit's loop for BLOCK_STEPS steps; wall and CPU seconds per step."""
-        trainer.reporter = reporters[name]
-        install(figures[name])
-        started, cpu = time.perf_counter(), time.thread_time()
-        for _ in range(BLOCK_STEPS):
-            out = trainer.train_step(batches, report=trainer._due(trainer.report_every))
-            trainer.step += 1
-            window.add(out, trainer.step)
-            trainer._between_steps(window, outcome)
-        return (time.perf_counter() - started) / BLOCK_STEPS, (time.thread_time() - cpu) / BLOCK_STEPS
+    def setting(name: str) -> Callable[[], None]:
+        def apply() -> None:
+            trainer.reporter = reporters[name]
+            install(figures[name])
+        return apply
 
-    for name in reporters:  # warm up
-        block(name)
-    wall: dict[str, list[float]] = {"off": [], "on": []}
-    cpu: dict[str, list[float]] = {"off": [], "on": []}
-    for index in range(blocks):
-        for name in ("off", "on") if index % 2 == 0 else ("on", "off"):
-            w, c = block(name)
-            wall[name].append(w)
-            cpu[name].append(c)
+    wall, cpu = alternating_blocks(trainer, batches, {"off": setting("off"), "on": setting("on")}, blocks, BLOCK_STEPS)
     for reporter in reporters.values():
         reporter.on_end()
     med_cpu = {name: statistics.median(v) * 1e6 for name, v in cpu.items()}

@@ -27,11 +27,11 @@ import os
 import statistics
 import sys
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, emit, run_scaletrain, steady_steps_per_s  # noqa: E402
+from common import REPO, alternating_blocks, emit, run_scaletrain, steady_steps_per_s  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from tests.helpers.servers import MlflowServer  # noqa: E402
@@ -68,8 +68,7 @@ def critical_path(job_file: str, blocks: int) -> dict:
     from scaletrain.data.loader import train_loader
     from scaletrain.distributed.device import choose_placement
     from scaletrain.distributed.env import DistEnv
-    from scaletrain.engine.metrics import MetricsWindow
-    from scaletrain.engine.trainer import Trainer, TrainResult
+    from scaletrain.engine.trainer import Trainer
     from scaletrain.rundir import RunSpec
     from scaletrain.task import build_task
     from scaletrain.tracking.logs import LogContext
@@ -97,37 +96,20 @@ def critical_path(job_file: str, blocks: int) -> dict:
     env = DistEnv()
     task = build_task(job.task.target, job.task.args, spec.python_path)
     shared = Trainer(job, task, env, choose_placement(env), on_reporter)  # no checkpoints
-    shared.bench_batches = iter(train_loader(
+    batches = iter(train_loader(
         shared.train_set, shared.layout, rank=0, seed=job.seed, shuffle=True, start_step=0,
         stop_step=shared.max_steps, loader_workers=0, collate=shared.collate, pin_memory=False,
     ))
     settings = {"off": (off_reporter, off_job.train.log_every), "every step": (on_reporter, shared.report_every)}
     for reporter, _ in settings.values():
         reporter.on_start(shared.max_steps, 0)
-    shared.bench_window, shared.bench_result = MetricsWindow(time.perf_counter(), 0), TrainResult(steps=0)
 
-    def block(setting: str) -> tuple[float, float]:
-        """The loop of Trainer.fit, for BLOCK_STEPS steps; wall and CPU seconds per step."""
-        t = shared
-        t.reporter, t.report_every = settings[setting]
-        started, cpu = time.perf_counter(), time.thread_time()
-        for _ in range(BLOCK_STEPS):
-            out = t.train_step(t.bench_batches, report=t._due(t.report_every))
-            t.step += 1
-            t.bench_window.add(out, t.step)
-            t._between_steps(t.bench_window, t.bench_result)
-        return (time.perf_counter() - started) / BLOCK_STEPS, (time.thread_time() - cpu) / BLOCK_STEPS
+    def setting(name: str) -> Callable[[], None]:
+        def apply() -> None:
+            shared.reporter, shared.report_every = settings[name]
+        return apply
 
-    for setting in settings:  # warm up
-        block(setting)
-    times: dict[str, list[float]] = {"off": [], "every step": []}
-    cpu: dict[str, list[float]] = {"off": [], "every step": []}
-    for index in range(blocks):  # A B B A ...: the second block of a pair runs slower here
-        pair = ["off", "every step"]
-        for name in pair if index % 2 == 0 else reversed(pair):
-            wall, used = block(name)
-            times[name].append(wall)
-            cpu[name].append(used)
+    times, cpu = alternating_blocks(shared, batches, {name: setting(name) for name in settings}, blocks, BLOCK_STEPS)
     for reporter, _ in settings.values():
         reporter.on_end()
     med = {name: statistics.median(v) * 1e6 for name, v in times.items()}
