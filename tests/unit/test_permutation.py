@@ -85,3 +85,14 @@ def test_a_checkpoint_without_an_order_resumes_in_the_legacy_randperm_order():
 class _Schedule:
     def state_dict(self):
         return {"lr_lambdas": [None]}
+
+
+def test_a_checkpoint_in_an_order_this_version_does_not_know_is_refused_naming_it():
+    from scaletrain.checkpoint.manager import CheckpointError
+    from scaletrain.engine.checkpointing import data_order_of
+
+    assert data_order_of({}, "step-00000010") == LEGACY_ORDER
+    assert data_order_of({"data_order": ORDER}, "step-00000010") == ORDER
+    with pytest.raises(CheckpointError, match=r"checkpoint step-00000010 reads its data in order 'feistel-9', "
+                                              r"which this version of scaletrain does not know"):
+        data_order_of({"data_order": "feistel-9"}, "step-00000010")

@@ -16,7 +16,7 @@ from scaletrain.checkpoint.state import ModelAndOptimizer
 from scaletrain.config.schema import JobConfig
 from scaletrain.data.sampler import LEGACY_ORDER, ORDER, DataLayout
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "data_order_of"]
 
 log = logging.getLogger("scaletrain.engine")
 
@@ -69,12 +69,18 @@ class Checkpointer:
                 "checkpoint %s was written by a different job configuration (config hash %s, "
                 "this job %s): resuming anyway", restored.name, state["config_hash"], expected,
             )
-        order = state.get("data_order", LEGACY_ORDER)
-        if order not in (ORDER, LEGACY_ORDER):
-            raise CheckpointError(
-                f"checkpoint {restored.name} reads its data in order {order!r}, which this version "
-                f"of scaletrain does not know ({ORDER}, {LEGACY_ORDER}); resume it with the version that wrote it"
-            )
-        self.data_order = order
+        self.data_order = data_order_of(state, restored.name)
         scheduler.load_state_dict(state["scheduler"])
         return restored.step
+
+
+def data_order_of(state: dict[str, Any], checkpoint: str) -> str:
+    """The epoch order a checkpoint's run read its data in (one that names none: the former
+    randperm); one this version does not know is refused, naming it."""
+    order = state.get("data_order", LEGACY_ORDER)
+    if order not in (ORDER, LEGACY_ORDER):
+        raise CheckpointError(
+            f"checkpoint {checkpoint} reads its data in order {order!r}, which this version of scaletrain "
+            f"does not know ({ORDER}, {LEGACY_ORDER}); resume it with the version that wrote it"
+        )
+    return str(order)

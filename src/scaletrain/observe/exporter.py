@@ -57,7 +57,7 @@ def job_totals(directory: Path) -> dict[str, float]:
         for labels, value in _values(figure, shares).items():
             label = labels[-1] if figure.label is not None else None
             key = f"{name}/{label}" if label else name
-            totals[key] = max(totals.get(key, value), value) if figure.aggregate == "max" else totals.get(key, 0.0) + value
+            totals[key] = totals.get(key, 0.0) + value  # per-rank figures: summed over the ranks
     return dict(sorted(totals.items()))
 
 

@@ -7,19 +7,16 @@ attempts and resumes), so the figures are this launch's alone."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from scaletrain.observe.telemetry import load_figures
 
 __all__ = ["rank0_figures", "goodput"]
 
 
 def rank0_figures(telemetry_dir: Path) -> dict[str, Any]:
-    try:
-        figures = json.loads((telemetry_dir / "rank-0.json").read_text(encoding="utf-8")).get("figures")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return figures if isinstance(figures, dict) else {}
+    return load_figures(telemetry_dir / "rank-0.json")
 
 
 def _sum(figures: dict[str, Any], name: str) -> float:

@@ -23,7 +23,7 @@ from typing import Any
 
 from scaletrain.observe.catalog import FIGURES
 
-__all__ = ["Telemetry", "TelemetrySink", "StepMark", "read_step_mark", "current", "install"]
+__all__ = ["Telemetry", "TelemetrySink", "StepMark", "read_step_mark", "current", "install", "load_figures"]
 
 
 class Telemetry:
@@ -31,7 +31,7 @@ class Telemetry:
         self.path = Path(path) if path is not None else None
         self.labels = dict(labels or {})
         self.every_s = every_s
-        self.figures: dict[str, Any] = _load(self.path)
+        self.figures: dict[str, Any] = load_figures(self.path)
         self._lock = threading.Lock()  # an async checkpoint's thread counts too
         self._written_at = 0.0
 
@@ -83,7 +83,7 @@ class Telemetry:
             pass  # figures for a live view: a full disk must not stop training over them
 
 
-def _load(path: Path | None) -> dict[str, Any]:
+def load_figures(path: Path | None) -> dict[str, Any]:
     """The figures an earlier attempt left (counters go on from them)."""
     if path is None:
         return {}

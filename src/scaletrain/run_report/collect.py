@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.observe.catalog import STEP_BUCKETS
-from scaletrain.run_report.events import Event, launcher_events, rank_figures, read_lines, worker_events
+from scaletrain.run_report.events import launcher_events, rank_figures, read_lines, worker_events
 from scaletrain.rundir import LAUNCHER_LOG, LOGS_DIR, RUN_CARD_FILE, SUMMARY_FILE, TELEMETRY_DIR, worker_log_name
-from scaletrain.tracking.runs import download_artifact, find_run, read_error, tracking_client
+from scaletrain.tracking.runs import download_artifact, download_json, find_run, read_error, tracking_client
 
 __all__ = ["collect", "SEARCH_TAG"]
 
@@ -69,16 +69,13 @@ def _run(client: Any, uri: str, run: Any) -> dict[str, Any]:
     run_id = run.info.run_id
     keys = sorted(k for k in run.data.metrics if k.startswith(("train/", "eval/")))
     report["metrics"] = _histories(client, uri, run_id, keys)
+    report["summary"] = download_json(uri, run_id, SUMMARY_FILE)
+    report["run_card"] = download_json(uri, run_id, RUN_CARD_FILE)
     with tempfile.TemporaryDirectory(prefix="scaletrain-report-") as tmp:
-        report["summary"] = _json(uri, run_id, SUMMARY_FILE, tmp)
-        report["run_card"] = _json(uri, run_id, RUN_CARD_FILE, tmp)
-        events: list[Event] = []
         worker = _text(uri, run_id, f"{LOGS_DIR}/{worker_log_name(0)}", tmp)
         launcher = _text(uri, run_id, f"{LOGS_DIR}/{LAUNCHER_LOG}", tmp)
-        events += worker_events(read_lines(worker or ""))
-        events += launcher_events(read_lines(launcher or ""))
-        report["logs_found"] = worker is not None or launcher is not None
-        telemetry = _telemetry(client, uri, run_id, tmp)
+        telemetry = _telemetry(uri, run_id, tmp)
+    events = worker_events(read_lines(worker or "")) + launcher_events(read_lines(launcher or ""))
     report["events"] = sorted(events, key=lambda e: e.time)
     # The time axis starts when the job did: the MLflow run is opened while the workers start.
     earliest = [e.time for e in report["events"]] + [p[1] for v in report["metrics"].values() for p in v[:1]]
@@ -89,34 +86,22 @@ def _run(client: Any, uri: str, run: Any) -> dict[str, Any]:
     return report
 
 
-def _json(uri: str, run_id: str, artifact: str, tmp: str) -> dict[str, Any] | None:
-    text = _text(uri, run_id, artifact, tmp)
-    if text is None:
-        return None
-    try:
-        found = json.loads(text)
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) else None
-
-
 def _text(uri: str, run_id: str, artifact: str, tmp: str) -> str | None:
     path = download_artifact(uri, run_id, artifact, Path(tmp, "a"))
     return path.read_text(encoding="utf-8", errors="replace") if path is not None else None
 
 
-def _telemetry(client: Any, uri: str, run_id: str, tmp: str) -> dict[str, dict[str, Any]]:
-    folder = f"{LOGS_DIR}/{TELEMETRY_DIR}"
-    try:
-        names = [a.path for a in client.list_artifacts(run_id, folder) if a.path.endswith(".json")]
-    except Exception as exc:
-        raise read_error(f"cannot list the artifacts of run {run_id}", uri, exc) from None
+def _telemetry(uri: str, run_id: str, tmp: str) -> dict[str, dict[str, Any]]:
+    """Each rank's telemetry file, the folder downloaded in one call."""
+    folder = download_artifact(uri, run_id, f"{LOGS_DIR}/{TELEMETRY_DIR}", Path(tmp, "t"))
     found = {}
-    for name in names:
-        if Path(name).name.startswith("rank-"):
-            document = _json(uri, run_id, name, tmp)
-            if document is not None:
-                found[Path(name).name] = document
+    for path in sorted(folder.glob("rank-*.json")) if folder is not None else []:
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            continue  # a torn file: that rank is left out of the per-rank table
+        if isinstance(document, dict):
+            found[path.name] = document
     return found
 
 

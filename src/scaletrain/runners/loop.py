@@ -42,10 +42,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from scaletrain.checkpoint.manager import CheckpointError, CheckpointManager
+from scaletrain.checkpoint.manager import CheckpointManager
 from scaletrain.checkpoint.state import LoopObjects
 from scaletrain.data.loader import eval_loader
-from scaletrain.data.sampler import LEGACY_ORDER, ORDER, derive_seed
+from scaletrain.data.sampler import ORDER, derive_seed
+from scaletrain.engine.checkpointing import data_order_of
 from scaletrain.engine.metrics import step_time_summary
 from scaletrain.engine.weights import save_state_weights, save_weights, state_dict_sha256
 from scaletrain.errors import ScaletrainError
@@ -247,11 +248,7 @@ class LoopContext:
         kept = restored.trainer_state
         self._state.set_values(kept.get("values", {}))
         self._restored_positions = [int(p) for p in kept.get("loaders", [])]
-        self._data_order = kept.get("data_order", LEGACY_ORDER)
-        if self._data_order not in (ORDER, LEGACY_ORDER):
-            raise CheckpointError(f"the checkpoint of step {restored.step} reads its data in order "
-                                  f"{self._data_order!r}, which this version of scaletrain does not know; "
-                                  "resume it with the version that wrote it")
+        self._data_order = data_order_of(kept, restored.name)
         for loader, position in zip(self._loaders, self._restored_positions, strict=False):
             loader.position, loader.order = position, self._data_order
         self.step = self.resumed_from_step = restored.step
