@@ -125,7 +125,6 @@ def run_search(job_file: str, space_file: str, options: SearchOptions, resume: b
         summary["best_job"] = str(directory / "best_job.yaml")
     summary = redactor.value("", summary)
     write_text_atomic(directory / "results.json", json.dumps(summary, indent=2))
-    state = json.loads((directory / "search.json").read_text(encoding="utf-8"))
     write_text_atomic(directory / "search.json", json.dumps({**state, "finished": True}, indent=2))
     parent.finish(best, rows, options.metric)
     return summary
