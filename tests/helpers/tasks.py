@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -180,3 +181,32 @@ class StreamingToyTask(ToyTask):
                 return iter(samples)
 
         return Stream()
+
+
+class RecordingCorpusLM:
+    """examples/shards/'s CorpusLM that appends each training micro-batch's sample ids to
+    ``record``/rank-<rank>.jsonl (a new attempt starts the file again): the samples each rank read."""
+
+    def __new__(cls, record: str, **args):
+        import sys
+        from pathlib import Path
+
+        example = str(Path(__file__).resolve().parents[2] / "examples" / "shards")
+        if example not in sys.path:
+            sys.path.insert(0, example)
+        from corpus_lm import CorpusLM
+
+        class Recording(CorpusLM):
+            def __init__(self):
+                super().__init__(**args)
+                rank = int(os.environ.get("RANK", "0"))
+                Path(record).mkdir(parents=True, exist_ok=True)
+                self._ids = open(Path(record) / f"rank-{rank}.jsonl", "w")  # noqa: SIM115  # open for the run
+
+            def loss(self, model, batch):
+                if model.training:
+                    self._ids.write(json.dumps(batch[2].tolist()) + "\n")
+                    self._ids.flush()
+                return super().loss(model, batch)
+
+        return Recording()

@@ -8,6 +8,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from scaletrain.data.sampler import ORDER, DataLayout, GlobalBatchSampler, SeededDataset, shard_indices
+from scaletrain.data.shard_order import RowGroups
 from scaletrain.data.skipping import SkippingDataset, counted_batches, skipping_collate
 
 __all__ = ["train_loader", "eval_loader", "TrainBatches"]
@@ -27,11 +28,13 @@ def train_loader(
     pin_memory: bool = False,
     skip_errors: bool = False,
     order: str = ORDER,
+    row_groups: RowGroups | None = None,
 ) -> TrainBatches:
     """The batches of this rank from ``start_step``; ``skip_errors`` (data.on_error: skip): a
     sample whose dataset raises is left out of its batch and counted (data/skipping.py)."""
     sampler = GlobalBatchSampler(
         layout, rank=rank, seed=seed, shuffle=shuffle, start_step=start_step, stop_step=stop_step, order=order,
+        row_groups=row_groups,
     )
     collate = collate or default_collate
     loader = DataLoader(
@@ -87,7 +90,13 @@ def eval_loader(
     collate: Callable[[list[Any]], Any] | None,
     pin_memory: bool = False,
 ) -> DataLoader:
-    shard = Subset(dataset, shard_indices(len(dataset), rank, world_size))  # type: ignore[arg-type]  # map-style datasets have a length
+    n = len(dataset)  # type: ignore[arg-type]  # map-style datasets have a length
+    if isinstance(getattr(dataset, "row_groups", None), RowGroups):
+        # Shards: each rank a contiguous range, so it reads its own row groups once, not all of them.
+        indices = list(range(rank * n // world_size, (rank + 1) * n // world_size))
+    else:
+        indices = shard_indices(n, rank, world_size)
+    shard = Subset(dataset, indices)
     return DataLoader(
         shard,
         batch_size=batch_size,

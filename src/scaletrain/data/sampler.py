@@ -11,7 +11,9 @@ dropout masks and augmentations for the same samples.
 
 ``perm`` is a seeded bijection evaluated position by position (data/permutation.py): no rank
 holds an epoch's order, so the sampler's memory does not grow with the dataset (a billion
-samples cost what a thousand do). Checkpoints say which order they were trained with
+samples cost what a thousand do). A dataset stored in row groups (data/shards.py) is read in
+``SHARD_ORDER``: row groups permuted, samples shuffled within windows of them
+(data/shard_order.py). Checkpoints say which order they were trained with
 (``ORDER``); one from before it (``LEGACY_ORDER``: torch.randperm of the whole epoch) resumes in
 that order, exactly.
 """
@@ -30,12 +32,15 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from scaletrain.data.permutation import ROUNDS, IndexPermutation
+from scaletrain.data.shard_order import RowGroups, WindowedShuffle
 
 __all__ = ["derive_seed", "DataLayout", "GlobalBatchSampler", "SeededBatch", "SeededDataset", "shard_indices",
-           "ORDER", "LEGACY_ORDER"]
+           "ORDER", "LEGACY_ORDER", "SHARD_ORDER", "ORDERS"]
 
 ORDER = "feistel-1"  # the epoch order of new runs, kept in their checkpoints
 LEGACY_ORDER = "randperm"  # what a checkpoint that names no order was trained with
+SHARD_ORDER = "row-groups-feistel-1"  # a dataset in row groups (data/shard_order.py)
+ORDERS = (ORDER, SHARD_ORDER, LEGACY_ORDER)
 _BLOCK_STEPS = 64  # steps whose indices are computed in one vectorised call
 
 
@@ -87,6 +92,7 @@ class GlobalBatchSampler(Sampler[SeededBatch]):
         start_step: int = 0,
         stop_step: int | None = None,
         order: str = ORDER,
+        row_groups: RowGroups | None = None,
     ):
         if layout.steps_per_epoch < 1:
             raise ValueError(
@@ -94,8 +100,10 @@ class GlobalBatchSampler(Sampler[SeededBatch]):
                 f"{layout.global_batch} (batch_size {layout.batch_size} x workers "
                 f"{layout.world_size} x grad_accum {layout.grad_accum}); lower data.batch_size"
             )
-        if order not in (ORDER, LEGACY_ORDER):
-            raise ValueError(f"unknown data order {order!r}: this version knows {ORDER} and {LEGACY_ORDER}")
+        if order not in ORDERS:
+            raise ValueError(f"unknown data order {order!r}: this version knows {', '.join(ORDERS)}")
+        if order == SHARD_ORDER and (row_groups is None or row_groups.rows != layout.dataset_len):
+            raise ValueError(f"data order {order} needs the dataset's row groups ({layout.dataset_len} rows)")
         self.layout = layout
         self.rank = rank
         self.seed = seed
@@ -103,10 +111,15 @@ class GlobalBatchSampler(Sampler[SeededBatch]):
         self.start_step = start_step
         self.stop_step = stop_step
         self.order = order
+        self.row_groups = row_groups
 
-    def permutation(self, epoch: int) -> IndexPermutation:
-        return IndexPermutation(self.layout.dataset_len,
-                                [derive_seed(self.seed, "epoch", epoch, "round", r) for r in range(ROUNDS)])
+    def permutation(self, epoch: int) -> IndexPermutation | WindowedShuffle:
+        if self.order == SHARD_ORDER and self.row_groups is not None:  # the one needs the other (__init__)
+            return WindowedShuffle(self.row_groups, lambda *name: self._keys(epoch, *name))
+        return IndexPermutation(self.layout.dataset_len, self._keys(epoch))
+
+    def _keys(self, epoch: int, *name: object) -> list[int]:
+        return [derive_seed(self.seed, "epoch", epoch, *name, "round", r) for r in range(ROUNDS)]
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
         """The whole epoch's order (O(dataset) memory: for tests and small datasets only)."""
@@ -140,7 +153,7 @@ class GlobalBatchSampler(Sampler[SeededBatch]):
                      + chunks[None, :, None] * b + np.arange(b)[None, None, :])
         if source is None:
             return positions
-        if isinstance(source, IndexPermutation):
+        if isinstance(source, (IndexPermutation, WindowedShuffle)):
             return source(positions.ravel()).reshape(positions.shape)
         return source[positions]  # type: ignore[index]  # the legacy order, a numpy array
 

@@ -14,20 +14,23 @@ import torch
 from scaletrain.checkpoint.manager import CheckpointError, CheckpointManager
 from scaletrain.checkpoint.state import ModelAndOptimizer
 from scaletrain.config.schema import JobConfig
-from scaletrain.data.sampler import LEGACY_ORDER, ORDER, DataLayout
+from scaletrain.data.sampler import LEGACY_ORDER, ORDER, ORDERS, SHARD_ORDER, DataLayout
+from scaletrain.data.shard_order import RowGroups
 
-__all__ = ["Checkpointer", "data_order_of"]
+__all__ = ["Checkpointer", "data_order_of", "new_run_order"]
 
 log = logging.getLogger("scaletrain.engine")
 
 
 class Checkpointer:
-    def __init__(self, manager: CheckpointManager, job: JobConfig, layout: DataLayout):
+    def __init__(self, manager: CheckpointManager, job: JobConfig, layout: DataLayout,
+                 row_groups: RowGroups | None = None):
         self.manager = manager
         self.layout = layout
+        self.row_groups = row_groups  # a dataset in row groups (Parquet shards)
         self.every_steps = job.checkpoint.every_steps
         # The epoch order the run reads in: a new run's, or the one its checkpoint was trained with.
-        self.data_order = ORDER
+        self.data_order = new_run_order(row_groups)
 
     def due(self, step: int) -> bool:
         return bool(self.every_steps and step % self.every_steps == 0)
@@ -43,6 +46,7 @@ class Checkpointer:
             "samples": step * self.layout.global_batch,
             "global_batch": self.layout.global_batch,
             "data_order": self.data_order,
+            **({"data_row_groups": self.row_groups.digest} if self.data_order == SHARD_ORDER and self.row_groups else {}),
             "scheduler": schedule,
         }
 
@@ -70,17 +74,40 @@ class Checkpointer:
                 "this job %s): resuming anyway", restored.name, state["config_hash"], expected,
             )
         self.data_order = data_order_of(state, restored.name)
+        self._check_row_groups(state, restored.name)
         scheduler.load_state_dict(state["scheduler"])
         return restored.step
+
+
+    def _check_row_groups(self, state: dict[str, Any], checkpoint: str) -> None:
+        """A checkpoint trained on shards resumes on the same row groups: the order is made of them."""
+        if self.data_order != SHARD_ORDER:
+            if self.row_groups is not None:
+                log.warning("checkpoint %s was trained on a dataset read sample by sample (%s); its resume "
+                            "keeps that order, exact but slower on shards", checkpoint, self.data_order)
+            return
+        here = self.row_groups.digest if self.row_groups is not None else None
+        if state.get("data_row_groups") != here:
+            what = ("a dataset that is not in row groups" if here is None
+                    else f"row groups laid out differently (digest {here})")
+            raise CheckpointError(
+                f"checkpoint {checkpoint} was trained on Parquet shards whose row groups have digest "
+                f"{state.get('data_row_groups')}, this job's training set has {what}; resume on the "
+                "same shards and shuffle_window, so the resumed run reads the same batches")
+
+
+def new_run_order(row_groups: RowGroups | None) -> str:
+    """The epoch order a new run reads in: by row groups for shards, sample by sample otherwise."""
+    return SHARD_ORDER if row_groups is not None else ORDER
 
 
 def data_order_of(state: dict[str, Any], checkpoint: str) -> str:
     """The epoch order a checkpoint's run read its data in (one that names none: the former
     randperm); one this version does not know is refused, naming it."""
     order = state.get("data_order", LEGACY_ORDER)
-    if order not in (ORDER, LEGACY_ORDER):
+    if order not in ORDERS:
         raise CheckpointError(
             f"checkpoint {checkpoint} reads its data in order {order!r}, which this version of scaletrain "
-            f"does not know ({ORDER}, {LEGACY_ORDER}); resume it with the version that wrote it"
+            f"does not know ({', '.join(ORDERS)}); resume it with the version that wrote it"
         )
     return str(order)

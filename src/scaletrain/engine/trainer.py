@@ -16,11 +16,12 @@ from scaletrain.checkpoint.location import accumulation_for, global_batch
 from scaletrain.checkpoint.manager import CheckpointManager
 from scaletrain.config.schema import JobConfig
 from scaletrain.data.loader import TrainBatches, eval_loader, train_loader
-from scaletrain.data.sampler import ORDER, DataLayout, derive_seed
+from scaletrain.data.sampler import DataLayout, derive_seed
+from scaletrain.data.shard_order import RowGroups
 from scaletrain.distributed import collectives
 from scaletrain.distributed.device import Placement, autocast, seed_rng, to_device
 from scaletrain.distributed.env import DistEnv
-from scaletrain.engine.checkpointing import Checkpointer
+from scaletrain.engine.checkpointing import Checkpointer, new_run_order
 from scaletrain.engine.control import Control, Decision
 from scaletrain.engine.evaluate import eval_batches, evaluate
 from scaletrain.engine.metrics import (
@@ -129,7 +130,10 @@ class Trainer:
                 "lower data.batch_size or train.grad_accum"
             )
         self.max_steps = job.train.max_steps or job.train.epochs * self.layout.steps_per_epoch  # type: ignore[operator]  # the config requires max_steps or epochs
-        self.checkpointer = Checkpointer(checkpoints, job, self.layout) if checkpoints is not None else None
+        rows = getattr(self.train_set, "row_groups", None)
+        self.row_groups = rows if isinstance(rows, RowGroups) and rows.rows == len(self.train_set) else None
+        self.checkpointer = (Checkpointer(checkpoints, job, self.layout, self.row_groups)
+                             if checkpoints is not None else None)
         self.scheduler = build_scheduler(
             self.optimizer,
             LRSchedule(
@@ -161,7 +165,8 @@ class Trainer:
             collate=self.collate,
             pin_memory=self.device.type == "cuda",
             skip_errors=self.job.data.on_error == "skip",
-            order=self.checkpointer.data_order if self.checkpointer is not None else ORDER,
+            order=self.checkpointer.data_order if self.checkpointer is not None else new_run_order(self.row_groups),
+            row_groups=self.row_groups,
         )
         batches = iter(loader)
         self.batches = batches
