@@ -168,19 +168,65 @@ def toy_job(tmp_path, **sections) -> dict:
     return job
 
 
+class ToyStream:
+    """ToyTask's training samples as a stream (an IterableDataset: no len(), no [i]), in an order
+    that changes with each pass (``set_epoch``), as a shuffling stream's does. ``stateful``: it has
+    state_dict()/load_state_dict() (its pass and position in it); ``loaded_log``: a file each
+    load_state_dict() appends its state to."""
+
+    def __init__(self, samples, stateful: bool, loaded_log: str | None = None):
+        self.samples, self.stateful, self.loaded_log = samples, stateful, loaded_log
+        self.epoch, self.index = 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.index = epoch, 0
+
+    def __iter__(self):
+        order = torch.randperm(len(self.samples), generator=torch.Generator().manual_seed(1000 + self.epoch))
+        while self.index < len(order):
+            sample = self.samples[int(order[self.index])]
+            self.index += 1
+            yield sample
+
+    def __getattr__(self, name):
+        if name in ("state_dict", "load_state_dict") and self.__dict__.get("stateful"):
+            return getattr(self, f"_{name}")
+        raise AttributeError(name)
+
+    def _state_dict(self):
+        return {"epoch": self.epoch, "index": self.index}
+
+    def _load_state_dict(self, state):
+        self.epoch, self.index = state["epoch"], state["index"]
+        if self.loaded_log:
+            with open(self.loaded_log, "a", encoding="utf-8") as file:
+                file.write(json.dumps(state) + "\n")
+
+
 class StreamingToyTask(ToyTask):
-    """ToyTask whose training data is a stream (an IterableDataset: no len(), no [i])."""
+    """ToyTask trained from a stream (ToyStream); ``eval_stream``: its eval set a stream too."""
+
+    def __init__(self, stateful: bool = False, loaded_log: str | None = None, eval_stream: bool = False, **args):
+        super().__init__(**args)
+        self.stream = ToyStream(self.train, stateful, loaded_log)
+        self.eval_stream = eval_stream
 
     def train_dataset(self):
         from torch.utils.data import IterableDataset
 
-        samples = self.train
+        stream = self.stream
 
-        class Stream(IterableDataset):
+        class Stream(IterableDataset):  # a torch IterableDataset that hands on the stream's methods
             def __iter__(self):
-                return iter(samples)
+                return iter(stream)
+
+            def __getattr__(self, name):
+                return getattr(stream, name)
 
         return Stream()
+
+    def eval_dataset(self):
+        return ToyStream(self.eval, False) if self.eval_stream else self.eval
 
 
 class RecordingCorpusLM:

@@ -200,12 +200,19 @@ def test_a_node_whose_driver_never_answers_says_so_in_one_line(tmp_path):
         "sets the wait)"]
 
 
-def test_a_streaming_training_set_is_one_line_naming_what_to_return(tmp_path):
-    job = toy_job(tmp_path, task={"target": "tests.helpers.tasks:StreamingToyTask", "args": {}})
+def test_a_stream_trained_for_epochs_or_evaluated_is_one_line_naming_what_to_set(tmp_path):
+    task = {"target": "tests.helpers.tasks:StreamingToyTask", "args": {}}
+    job = toy_job(tmp_path, task=task, train={"epochs": 1, "max_steps": None})
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     out = scaletrain_cli("run", str(tmp_path / "job.yaml"))
-    assert out.returncode != 0
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
-    assert "train_dataset() returned a Stream, which has no len() and [i]" in errors[0]
+    assert out.returncode != 0 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "train_dataset() returned a stream (Stream), whose length is not known: set train.max_steps" in errors[0]
+
+    job = toy_job(tmp_path, task={**task, "args": {"eval_stream": True}})
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    out = scaletrain_cli("run", str(tmp_path / "job.yaml"))
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert out.returncode != 0 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "eval_dataset() returned a ToyStream, which has no len() and [i]" in errors[0]
     assert "map-style" in errors[0]

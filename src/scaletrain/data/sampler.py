@@ -54,7 +54,7 @@ def derive_seed(*parts: Any) -> int:
 class DataLayout:
     """How one optimizer step's samples are laid out over micro-steps and ranks."""
 
-    dataset_len: int
+    dataset_len: int | None  # None: a stream (data/stream.py), whose length nobody knows
     batch_size: int  # per rank per micro-step
     world_size: int
     grad_accum: int
@@ -71,6 +71,8 @@ class DataLayout:
     @property
     def steps_per_epoch(self) -> int:
         # Each epoch is a fresh permutation; the last partial global batch is dropped.
+        if self.dataset_len is None:
+            raise ValueError("a stream's epochs have no length known in advance")
         return self.dataset_len // self.global_batch
 
 
@@ -113,17 +115,21 @@ class GlobalBatchSampler(Sampler[SeededBatch]):
         self.order = order
         self.row_groups = row_groups
 
+    @property
+    def dataset_len(self) -> int:
+        return self.layout.dataset_len or 0  # a sampler's layout has one (steps_per_epoch checked it)
+
     def permutation(self, epoch: int) -> IndexPermutation | WindowedShuffle:
         if self.order == SHARD_ORDER and self.row_groups is not None:  # the one needs the other (__init__)
             return WindowedShuffle(self.row_groups, lambda *name: self._keys(epoch, *name))
-        return IndexPermutation(self.layout.dataset_len, self._keys(epoch))
+        return IndexPermutation(self.dataset_len, self._keys(epoch))
 
     def _keys(self, epoch: int, *name: object) -> list[int]:
         return [derive_seed(self.seed, "epoch", epoch, *name, "round", r) for r in range(ROUNDS)]
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
         """The whole epoch's order (O(dataset) memory: for tests and small datasets only)."""
-        n = self.layout.dataset_len
+        n = self.dataset_len
         if not self.shuffle:
             return torch.arange(n)
         if self.order == LEGACY_ORDER:

@@ -16,6 +16,7 @@ from scaletrain.checkpoint.state import ModelAndOptimizer
 from scaletrain.config.schema import JobConfig
 from scaletrain.data.sampler import LEGACY_ORDER, ORDER, ORDERS, SHARD_ORDER, DataLayout
 from scaletrain.data.shard_order import RowGroups
+from scaletrain.data.stream import StreamBatches, StreamPosition
 
 __all__ = ["Checkpointer", "data_order_of", "new_run_order"]
 
@@ -24,10 +25,13 @@ log = logging.getLogger("scaletrain.engine")
 
 class Checkpointer:
     def __init__(self, manager: CheckpointManager, job: JobConfig, layout: DataLayout,
-                 row_groups: RowGroups | None = None):
+                 row_groups: RowGroups | None = None, stream: bool = False):
         self.manager = manager
         self.layout = layout
         self.row_groups = row_groups  # a dataset in row groups (Parquet shards)
+        self.stream = stream  # a training stream: its position is saved, not derived from the step
+        self.stream_batches: StreamBatches | None = None  # the stream's reader, while fit() runs
+        self.stream_resume: StreamPosition | None = None  # where a restored checkpoint left the stream
         self.every_steps = job.checkpoint.every_steps
         # The epoch order the run reads in: a new run's, or the one its checkpoint was trained with.
         self.data_order = new_run_order(row_groups)
@@ -40,10 +44,12 @@ class Checkpointer:
         is the step: the sampler is a pure function of it)."""
         schedule = scheduler.state_dict()
         schedule["lr_lambdas"] = [None] * len(schedule["lr_lambdas"])  # rebuilt from the job
+        stream = self.stream_batches.position if self.stream_batches is not None else self.stream_resume
         return {
             "step": step,
-            "epoch": step // self.layout.steps_per_epoch,
+            "epoch": (stream or {}).get("pass", 0) if self.stream else step // self.layout.steps_per_epoch,
             "samples": step * self.layout.global_batch,
+            **({"stream": stream or {"pass": 0, "samples_in_pass": 0, "state": None}} if self.stream else {}),
             "global_batch": self.layout.global_batch,
             "data_order": self.data_order,
             **({"data_row_groups": self.row_groups.digest} if self.data_order == SHARD_ORDER and self.row_groups else {}),
@@ -75,6 +81,7 @@ class Checkpointer:
             )
         self.data_order = data_order_of(state, restored.name)
         self._check_row_groups(state, restored.name)
+        self.stream_resume = self._stream_position(state, restored.name)
         scheduler.load_state_dict(state["scheduler"])
         return restored.step
 
@@ -94,6 +101,20 @@ class Checkpointer:
                 f"checkpoint {checkpoint} was trained on Parquet shards whose row groups have digest "
                 f"{state.get('data_row_groups')}, this job's training set has {what}; resume on the "
                 "same shards and shuffle_window, so the resumed run reads the same batches")
+
+
+    def _stream_position(self, state: dict[str, Any], checkpoint: str) -> StreamPosition | None:
+        """Where the stream was at the checkpoint; a checkpoint of the other kind of dataset is refused."""
+        position = state.get("stream")
+        if self.stream == (position is None):
+            trained, this = ("a stream", "a map-style dataset") if position is not None else ("a map-style dataset", "a stream")
+            raise CheckpointError(
+                f"checkpoint {checkpoint} was trained on {trained}, this job's training set is {this}; "
+                "resume with the task's dataset of the run that wrote it")
+        if position is not None and not (isinstance(position, dict) and isinstance(position.get("pass"), int)
+                                         and isinstance(position.get("samples_in_pass"), int)):
+            raise CheckpointError(f"checkpoint {checkpoint} has no readable stream position; resume from another one")
+        return position
 
 
 def new_run_order(row_groups: RowGroups | None) -> str:

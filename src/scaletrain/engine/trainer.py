@@ -18,6 +18,7 @@ from scaletrain.config.schema import JobConfig
 from scaletrain.data.loader import TrainBatches, eval_loader, train_loader
 from scaletrain.data.sampler import DataLayout, derive_seed
 from scaletrain.data.shard_order import RowGroups
+from scaletrain.data.stream import StreamBatches, has_state, is_stream
 from scaletrain.distributed import collectives
 from scaletrain.distributed.device import Placement, autocast, seed_rng, to_device
 from scaletrain.distributed.env import DistEnv
@@ -87,7 +88,7 @@ class Trainer:
         )
         self.checkpoints = checkpoints
         self.tokens_per_sample = task_tokens_per_sample(task)
-        self.batches: TrainBatches | None = None  # this rank's, while fit() runs
+        self.batches: TrainBatches | StreamBatches | None = None  # this rank's, while fit() runs
         self.after_step = after_step  # the worker's hook (fault injection in tests)
         self.control = control or Control(collectives.active(), None, None, None)
         self.device = placement.device
@@ -106,7 +107,9 @@ class Trainer:
         self._skipped_updates, self._skip_said_at = 0, -30.0  # train.nonfinite: skip
         self.optimizer = build_optimizer(self.strategy.unwrap(self.model), job.optim, self.strategy)
 
-        self.train_set = _map_style(task.train_dataset(), "train_dataset")
+        train_set = task.train_dataset()
+        self.stream = is_stream(train_set)  # read in order, the same at any world size (data/stream.py)
+        self.train_set = _stream_checked(train_set, job, env) if self.stream else _map_style(train_set, "train_dataset")
         self.eval_set = task.eval_dataset() if callable(getattr(task, "eval_dataset", None)) else None  # type: ignore[attr-defined]  # an optional part of the Task protocol, checked
         if self.eval_set is not None:
             self.eval_set = _map_style(self.eval_set, "eval_dataset")
@@ -118,12 +121,12 @@ class Trainer:
         self.collate = getattr(task, "collate", None)
         self.accum = _accumulation(job, env)
         self.layout = DataLayout(
-            dataset_len=len(self.train_set),  # map-style: checked by _map_style
+            dataset_len=None if self.stream else len(self.train_set),  # map-style: checked by _map_style
             batch_size=job.data.batch_size,
             world_size=env.world_size,
             grad_accum=self.accum,
         )
-        if self.layout.steps_per_epoch < 1:
+        if not self.stream and self.layout.steps_per_epoch < 1:
             raise ScaletrainError(
                 f"the training set has {self.layout.dataset_len} samples but one step needs "
                 f"{self.layout.global_batch} (data.batch_size x workers x train.grad_accum); "
@@ -131,8 +134,8 @@ class Trainer:
             )
         self.max_steps = job.train.max_steps or job.train.epochs * self.layout.steps_per_epoch  # type: ignore[operator]  # the config requires max_steps or epochs
         rows = getattr(self.train_set, "row_groups", None)
-        self.row_groups = rows if isinstance(rows, RowGroups) and rows.rows == len(self.train_set) else None
-        self.checkpointer = (Checkpointer(checkpoints, job, self.layout, self.row_groups)
+        self.row_groups = rows if isinstance(rows, RowGroups) and rows.rows == self.layout.dataset_len else None
+        self.checkpointer = (Checkpointer(checkpoints, job, self.layout, self.row_groups, stream=self.stream)
                              if checkpoints is not None else None)
         self.scheduler = build_scheduler(
             self.optimizer,
@@ -153,23 +156,33 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         train = self.job.train
-        loader = train_loader(
-            self.train_set,
-            self.layout,
-            rank=self.env.rank,
-            seed=self.job.seed,
-            shuffle=self.job.data.shuffle,
-            start_step=self.step,
-            stop_step=self.max_steps,
-            loader_workers=self.job.data.loader_workers,
-            collate=self.collate,
-            pin_memory=self.device.type == "cuda",
-            skip_errors=self.job.data.on_error == "skip",
-            order=self.checkpointer.data_order if self.checkpointer is not None else new_run_order(self.row_groups),
-            row_groups=self.row_groups,
-        )
-        batches = iter(loader)
-        self.batches = batches
+        loader: TrainBatches | StreamBatches
+        if self.stream:
+            loader = StreamBatches(
+                self.train_set, batch_size=self.job.data.batch_size, world_size=self.env.world_size,
+                grad_accum=self.accum, rank=self.env.rank, start_step=self.step, stop_step=self.max_steps,
+                collate=self.collate, resume_from=self.checkpointer.stream_resume if self.checkpointer else None,
+            )
+            if self.checkpointer is not None:
+                self.checkpointer.stream_batches = loader
+        else:
+            loader = train_loader(
+                self.train_set,
+                self.layout,
+                rank=self.env.rank,
+                seed=self.job.seed,
+                shuffle=self.job.data.shuffle,
+                start_step=self.step,
+                stop_step=self.max_steps,
+                loader_workers=self.job.data.loader_workers,
+                collate=self.collate,
+                pin_memory=self.device.type == "cuda",
+                skip_errors=self.job.data.on_error == "skip",
+                order=self.checkpointer.data_order if self.checkpointer is not None else new_run_order(self.row_groups),
+                row_groups=self.row_groups,
+            )
+        iter(loader)  # starts the loader's workers (each loader is its own iterator)
+        self.batches = batches = loader
         result = TrainResult(steps=self.step, resumed_from_step=self.resumed_from_step,
                              strategy=self.job.scale.resolved_strategy)
         self.reporter.on_start(total_steps=self.max_steps, start_step=self.step)
@@ -190,6 +203,8 @@ class Trainer:
                 break
         if window.pending:
             result.train = self._report_train(window)
+        if isinstance(loader, StreamBatches):
+            loader.close()
         if result.preempted is None and self.eval_set is not None and (
             not train.eval_every or self.step % train.eval_every
         ):
@@ -411,13 +426,29 @@ def _accumulation(job: JobConfig, env: DistEnv) -> int:
     return accum
 
 
+def _stream_checked(dataset: Any, job: JobConfig, env: DistEnv) -> Any:
+    """A training stream, if the job can train on it: steps, not epochs, say how long."""
+    if not job.train.max_steps:
+        raise TaskError(
+            f"the task's train_dataset() returned a stream ({type(dataset).__name__}), whose length is not known: "
+            "set train.max_steps instead of train.epochs"
+        )
+    if env.is_main and not has_state(dataset):
+        log.warning(
+            "the training stream (%s) has no state_dict()/load_state_dict(): a resume reads it again from the "
+            "start of its pass and skips the samples already trained on (exact only if it yields the same "
+            "samples in the same order every time)", type(dataset).__name__,
+        )
+    return dataset
+
+
 def _map_style(dataset: Any, method: str) -> Any:
     """The dataset, if the sampler can index it (len() and [i]); else one line saying what to return."""
     if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
         return dataset
     kind = type(dataset).__name__
     raise TaskError(
-        f"the task's {method}() returned a {kind}, which has no len() and [i]: scaletrain's sampler reads "
-        "samples by global position, so a task's datasets are map-style for now (a torch Dataset, a "
-        "list, a TensorDataset); load a stream into one, or read it in your own loop (a job with loop.target)"
+        f"the task's {method}() returned a {kind}, which has no len() and [i]: every rank evaluates its own "
+        "share of the eval set by position, so it is map-style (a torch Dataset, a list, ParquetShards); "
+        "load a streamed eval set into one (it is read once per evaluation)"
     )

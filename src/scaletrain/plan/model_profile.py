@@ -11,6 +11,7 @@ between batches of 2 and 1 samples, so fixed costs do not scale with the batch.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate
 
+from scaletrain.data.stream import is_stream
 from scaletrain.plan.state_bytes import ParamShape
 from scaletrain.strategies.blocks import find_blocks
 
@@ -104,14 +106,14 @@ def profile_task(task: Any, name: str, precision: str = "fp32", real_pass: bool 
     collate = getattr(task, "collate", None) or default_collate
     passes = {}
     for batch in (1, 2):
-        samples = collate([dataset[i] for i in range(batch)])
+        samples = collate(_first_samples(dataset, batch))
         passes[batch] = _saved_bytes(model, blocks, task.loss, _to(samples, device), precision, device, count_flops)
     one, two = passes[1], passes[2]
     if timed is None:
         timed = not torch.cuda.is_available()
     if real and timed:  # small models spend their step in per-op overhead FLOPs do not show
-        timed = max(2, min(batch, len(dataset)))  # type: ignore[assignment]  # from here on: the largest batch timed
-        times = {b: _fwd_bwd_seconds(model, task.loss, collate([dataset[i] for i in range(b)])) for b in (1, timed)}
+        timed = max(2, len(_first_samples(dataset, batch)))  # type: ignore[assignment]  # from here on: the largest batch timed
+        times = {b: _fwd_bwd_seconds(model, task.loss, collate(_first_samples(dataset, b))) for b in (1, timed)}
         per = max(0.0, (times[timed] - times[1]) / (timed - 1))
         profile.cpu_seconds = (max(0.0, times[1] - per), per)
         profile.cpu_optimizer_seconds = _optimizer_step_seconds(model, optimizer)
@@ -239,6 +241,14 @@ def _saved_bytes(model: nn.Module, blocks: list[nn.Module], loss_fn: Any, batch:
     checkpointed = total - sum(per_block) + sum(inputs) + max(per_block, default=0)
     flops = float(counter.get_total_flops()) if counter is not None else 0.0
     return {"total": float(total), "checkpointed": float(checkpointed), "flops": flops}
+
+
+def _first_samples(dataset: Any, count: int) -> list[Any]:
+    """The first ``count`` samples (fewer if it has fewer) of a map-style dataset or a stream
+    (a fresh iterator: the training run opens its own)."""
+    if is_stream(dataset):
+        return list(itertools.islice(iter(dataset), count))
+    return [dataset[i] for i in range(min(count, len(dataset)))]
 
 
 def profile_transformer(layers: int, hidden: int, heads: int, vocab: int, seq: int, precision: str = "bf16") -> ModelProfile:

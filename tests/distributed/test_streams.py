@@ -1,0 +1,83 @@
+"""Training from a stream on 2 gloo workers: a SIGKILL between checkpoints resumes to the same
+weights, from the stream's saved state (stateful) or by reading its pass again and skipping
+what was trained on (stateless, with one warning); a run preempted on 2 workers and resumed on
+1 reads the same global batches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import scaletrain
+from scaletrain.errors import RunPreempted
+from scaletrain.recovery.faults import FAULT_ENV
+from tests.helpers.run import read_metrics
+from tests.helpers.tasks import toy_job
+
+pytestmark = pytest.mark.distributed
+
+
+def stream_job(root: Path, **args) -> dict:
+    # 512 samples, global batch 32: 16 steps a pass; 40 steps read 2.5 passes.
+    return toy_job(root, task={"target": "tests.helpers.tasks:StreamingToyTask", "args": args},
+                   train={"max_steps": 40, "log_every": 1, "eval_every": 20},
+                   checkpoint={"every_steps": 10}, scale={"workers": 2},
+                   recovery={"max_restarts": 1, "grace_period_s": 20})
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return scaletrain.run(stream_job(tmp_path_factory.mktemp("reference"), stateful=True))
+
+
+def worker_lines(summary: dict, message_part: str) -> list[dict]:
+    found = []
+    for log in sorted(Path(summary["run_dir"], "logs").glob("worker-*.jsonl")):
+        found += [e for e in map(json.loads, log.read_text().splitlines()) if message_part in e["message"]]
+    return found
+
+
+def killed(monkeypatch, job: dict) -> dict:
+    monkeypatch.setenv(FAULT_ENV, "sigkill:rank=1:step=25")
+    try:
+        return scaletrain.run(job)
+    finally:
+        monkeypatch.delenv(FAULT_ENV)
+
+
+def test_a_stateful_stream_resumes_from_its_saved_state(tmp_path, monkeypatch, reference):
+    loaded = tmp_path / "loaded.jsonl"
+    summary = killed(monkeypatch, stream_job(tmp_path, stateful=True, loaded_log=str(loaded)))
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 20
+    assert summary["weights_sha256"] == reference["weights_sha256"]
+    # Both restarted ranks loaded the state after step 20: pass 1 (16 steps each), 4 x 32 samples in.
+    states = [json.loads(line) for line in loaded.read_text().splitlines()]
+    assert states == [{"epoch": 1, "index": 128}] * 2
+    assert not worker_lines(summary, "has no state_dict()")
+
+
+def test_a_stateless_stream_is_read_again_and_skipped_with_one_warning(tmp_path, monkeypatch, reference):
+    summary = killed(monkeypatch, stream_job(tmp_path, stateful=False))
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] == 20
+    assert summary["weights_sha256"] == reference["weights_sha256"]
+    warned = worker_lines(summary, "has no state_dict()/load_state_dict(): a resume reads it again")
+    assert [(w["rank"], w["level"]) for w in warned] == [(0, "warning")] * 2  # once per attempt, rank 0
+    skipped = worker_lines(summary, "skipped the 128 samples of pass 1 trained on before the checkpoint")
+    assert sorted(w["rank"] for w in skipped) == [0, 1]
+
+
+def test_preempted_on_two_workers_resumed_on_one_reads_the_same_batches(tmp_path, monkeypatch, reference):
+    job = stream_job(tmp_path, stateful=True)
+    monkeypatch.setenv(FAULT_ENV, "sigterm:rank=0:step=12")
+    with pytest.raises(RunPreempted) as stopped:
+        scaletrain.run(job)
+    monkeypatch.delenv(FAULT_ENV)
+    resumed = scaletrain.resume(stopped.value.run_dir, ["scale.workers=1", "data.batch_size=32"])
+    assert resumed["world_size"] == 1 and resumed["resumed_from_step"] == stopped.value.step
+    expected = {row["step"]: row["loss"] for row in read_metrics(reference["run_dir"])}
+    after = [row for row in read_metrics(resumed["run_dir"]) if row["step"] > stopped.value.step]
+    assert [row["step"] for row in after] == list(range(stopped.value.step + 1, 41))
+    for row in after:  # only the order of floating-point sums differs
+        assert row["loss"] == pytest.approx(expected[row["step"]], rel=1e-4)
