@@ -3,8 +3,11 @@ training set is read a row group at a time from a local folder or object storage
 
     scaletrain run examples/shards/job.yaml
     scaletrain run examples/shards/job.yaml --set task.args.location=s3://my-bucket/corpus
+    scaletrain run examples/shards/job.yaml --set task.args.stream=true   # as a Hugging Face stream
 
-The model is examples/tiny_gpt.py's GPT. A local corpus that is not there yet is generated first.
+``stream: true`` reads the same files as a Hugging Face ``datasets`` stream (pip install datasets):
+scaletrain saves its state_dict() in each checkpoint and loads it on resume. The model is
+examples/tiny_gpt.py's GPT. A local corpus that is not there yet is generated first.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.nn import functional as F
+from torch.utils.data import default_collate
 
 import scaletrain
 from scaletrain.data import ParquetShards
@@ -32,21 +36,31 @@ def next_token_pair(sample: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 class CorpusLM(scaletrain.Task):
     def __init__(self, location: str = "examples/shards/data", layers: int = 2, dim: int = 64, heads: int = 4,
-                 shuffle_window: int = 8, cache_mib: float = 64):
+                 shuffle_window: int = 8, cache_mib: float = 64, stream: bool = False):
         if "://" not in location:
             write_corpus(location)  # a no-op when it is there
         self.location = location.rstrip("/")
-        self.shards = dict(shuffle_window=shuffle_window, cache_mib=cache_mib, transform=next_token_pair)
+        self.shards = dict(shuffle_window=shuffle_window, cache_mib=cache_mib)
         self.train = ParquetShards(f"{self.location}/train", **self.shards)
-        context = len(self.train[0][0])
+        self.stream = stream
+        context = len(self.train[0]["tokens"]) - 1
         self.config = dict(vocab=len(WORDS), context=context, layers=layers, dim=dim, heads=heads, dropout=0.0)
         self.tokens_per_sample = context
 
     def build_model(self) -> torch.nn.Module:
         return GPT(**self.config)
 
-    def train_dataset(self) -> ParquetShards:
-        return self.train
+    def train_dataset(self):
+        if not self.stream:
+            return self.train
+        import datasets  # pip install datasets
+
+        files = f"{self.location}/train/*.parquet"
+        return datasets.load_dataset("parquet", data_files={"train": files}, split="train", streaming=True)
+
+    def collate(self, samples: list[dict]) -> tuple[torch.Tensor, ...]:
+        """Rows (a dict per sample, from the shards or the stream) -> a batch of (inputs, targets, ids)."""
+        return default_collate([next_token_pair(sample) for sample in samples])
 
     def eval_dataset(self) -> ParquetShards:
         return ParquetShards(f"{self.location}/eval", **self.shards)
