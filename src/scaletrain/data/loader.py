@@ -7,6 +7,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
+from scaletrain.data.prefetch import ThreadPrefetch
 from scaletrain.data.sampler import ORDER, DataLayout, GlobalBatchSampler, SeededDataset, shard_indices
 from scaletrain.data.shard_order import RowGroups
 from scaletrain.data.skipping import SkippingDataset, counted_batches, skipping_collate
@@ -45,23 +46,37 @@ def train_loader(
         pin_memory=pin_memory,
         persistent_workers=loader_workers > 0,
     )
-    return TrainBatches(loader, counted=skip_errors)
+    # With workers, a thread receives their batches ahead of the loop (with pin_memory, torch's own
+    # pinning thread does); without, batches are made on the training thread, seeded there.
+    receive_ahead = _RECEIVE_AHEAD if loader_workers > 0 and not pin_memory else 0
+    return TrainBatches(loader, counted=skip_errors, receive_ahead=receive_ahead)
+
+
+_RECEIVE_AHEAD = 2  # batches received from the workers ahead of the loop
 
 
 class TrainBatches:
     """This rank's batches, and how many its loader's workers have ready ahead of the training
     loop (the prefetch queue's depth: 0 at every report means the loop waits for data)."""
 
-    def __init__(self, loader: DataLoader, counted: bool):
-        self.loader, self.counted = loader, counted
+    def __init__(self, loader: DataLoader, counted: bool, receive_ahead: int = 0):
+        self.loader, self.counted, self.receive_ahead = loader, counted, receive_ahead
         self._source: Any = None  # the DataLoader's iterator, once iterated
+        self._ahead: ThreadPrefetch | None = None
         self._batches: Iterator[Any] | None = None
 
     def __iter__(self) -> TrainBatches:
         if self._batches is None:
             self._source = iter(self.loader)
-            self._batches = counted_batches(self._source) if self.counted else self._source
+            batches: Iterator[Any] = self._source
+            if self.receive_ahead:
+                batches = self._ahead = ThreadPrefetch(batches, self.receive_ahead, name="scaletrain-receive")
+            self._batches = counted_batches(batches) if self.counted else batches
         return self
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
 
     def __next__(self) -> Any:
         return next(iter(self)._batches)  # type: ignore[arg-type]  # set by __iter__
@@ -75,7 +90,8 @@ class TrainBatches:
             return None
         try:
             buffered = sum(1 for info in list(source._task_info.values()) if len(info) == 2)
-            return int(source._data_queue.qsize()) + buffered
+            received = self._ahead.qsize() if self._ahead is not None else 0
+            return int(source._data_queue.qsize()) + buffered + received
         except (AttributeError, NotImplementedError, TypeError, ValueError, OSError):
             return None
 

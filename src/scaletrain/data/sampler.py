@@ -212,6 +212,9 @@ class SeededDataset(Dataset):
             torch.default_generator.manual_seed(seed)
             random.seed(seed)
             np.random.seed(seed % (1 << 32))
+        fetch_many = getattr(self.dataset, "__getitems__", None)  # a batch read (ParquetShards: per row group)
+        if fetch_many is not None:
+            return list(fetch_many(list(batch)))
         return [self.dataset[i] for i in batch]
 
 

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import IterableDataset, default_collate
 
+from scaletrain.data.prefetch import ThreadPrefetch
 from scaletrain.errors import TaskError
 
 __all__ = ["is_stream", "has_state", "StreamBatches", "StreamPosition"]
@@ -80,11 +79,8 @@ class StreamBatches:
         start = dict(resume_from or {"pass": 0, "samples_in_pass": 0, "state": None})
         # What a checkpoint of the last step the loop took records.
         self.position: StreamPosition = start
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, prefetch))
+        self._ahead = ThreadPrefetch(self._global_batches(start), prefetch, name="scaletrain-stream")
         self._pending: list[Any] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._read, args=(start,), name="scaletrain-stream", daemon=True)
-        self._thread.start()
 
     # ------------------------------------------------------------------ the loop's side
 
@@ -93,43 +89,18 @@ class StreamBatches:
 
     def __next__(self) -> Any:
         if not self._pending:
-            item = self._queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            if item is None:
-                raise StopIteration
-            micro_batches, self.position = item
+            micro_batches, self.position = next(self._ahead)
             self._pending = list(micro_batches)
         return self._pending.pop(0)
 
     def ready(self) -> int:
         """Global batches read ahead of the loop (the prefetch queue's depth)."""
-        return self._queue.qsize()
+        return self._ahead.qsize()
 
     def close(self) -> None:
-        self._stop.set()
-        try:
-            while True:
-                self._queue.get_nowait()
-        except queue.Empty:
-            pass
+        self._ahead.close()
 
     # ------------------------------------------------------------------ the reader's side
-
-    def _read(self, start: StreamPosition) -> None:
-        try:
-            for item in self._global_batches(start):
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(item, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
-                    return
-            self._queue.put(None)
-        except BaseException as exc:  # the loop raises it where it waits for data
-            self._queue.put(exc)
 
     def _global_batches(self, start: StreamPosition) -> Iterator[tuple[list[Any], StreamPosition]]:
         epoch, skip = int(start["pass"]), int(start["samples_in_pass"])

@@ -203,8 +203,7 @@ class Trainer:
                 break
         if window.pending:
             result.train = self._report_train(window)
-        if isinstance(loader, StreamBatches):
-            loader.close()
+        loader.close()
         if result.preempted is None and self.eval_set is not None and (
             not train.eval_every or self.step % train.eval_every
         ):
