@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rows", type=int, default=32768, help="training sequences in the corpus")
+    parser.add_argument("--dim", type=int, default=96, help="the model's width: about 30 ms a step here")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="scaletrain-bench-data-") as tmp:
@@ -70,14 +71,14 @@ def main() -> None:
                         summary = run_scaletrain(
                             str(REPO / "examples" / "shards" / "job.yaml"),
                             [*overrides, f"data.loader_workers={workers}", "scale.workers=1", f"data.batch_size={BATCH}",
-                             "task.args.dim=128", f"train.max_steps={args.steps}", "train.log_every=10",
+                             f"task.args.dim={args.dim}", f"train.max_steps={args.steps}", "train.log_every=10",
                              "train.eval_every=100000", "checkpoint.every_steps=null", "checkpoint.at_end=false",
                              "tracking.enabled=false", f"run_dir={root / 'runs'}"],
                             env=env)
                         runs.setdefault(name, []).append(_figures(summary["run_dir"]))
         finally:
             server.stop()
-    result = {"steps": args.steps, "repeats": args.repeats, "rows": args.rows, "batch": BATCH,
+    result = {"steps": args.steps, "repeats": args.repeats, "rows": args.rows, "batch": BATCH, "dim": args.dim,
               "context": CONTEXT, "target_data_wait_share": TARGET, "variants": {}}
     for name, figures in runs.items():
         result["variants"][name] = {

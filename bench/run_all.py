@@ -44,9 +44,11 @@ BENCHES = {
     "ray": ("ray_engine.py", ["--repeats", "1", "--steps", "300"], ["--repeats", "3", "--steps", "600"]),
     "nodes": ("nodes.py", ["--repeats", "1", "--steps", "600"], ["--repeats", "3", "--steps", "1200"]),
     "script_launch": ("script_launch.py", ["--repeats", "2", "--steps", "2000"], ["--repeats", "5", "--steps", "4000"]),
+    "data": ("data_loading.py", ["--repeats", "2", "--steps", "300"], ["--repeats", "3", "--steps", "600"]),
     "tf_first_step": ("tf_first_step.py", ["--repeats", "2", "--steps", "600"], ["--repeats", "5", "--steps", "1200"]),
 }
-TARGETS = {"throughput": 0.97, "tracking": 0.01, "observability": 0.01, "checkpoint_sync": 1.2, "async_stall": 0.10}
+TARGETS = {"throughput": 0.97, "tracking": 0.01, "observability": 0.01, "checkpoint_sync": 1.2, "async_stall": 0.10,
+           "data_wait": 0.05}
 
 
 def machine() -> dict:
@@ -198,6 +200,17 @@ def rows(results: dict) -> list[dict]:
         load, raw_load = c["st_load_s"]["median"], c["torch_load_into_s"]["median"]
         add(f"checkpoint load (hash-verified), {size} (s)", f"{load:.4f}", f"{raw_load:.4f} torch.load + load_state_dict",
             load / raw_load)
+    r = results.get("data", {})
+    for name, v in r.get("variants", {}).items():
+        if name.startswith("memory"):
+            continue
+        memory = r["variants"]["memory, loader_workers " + name.rsplit(" ", 1)[1]]
+        prefetch = not name.endswith("loader_workers 0") or name.startswith("stream")
+        add(f"data from {name}: data wait share of a {v['step_ms']:.0f} ms step; samples/s",
+            f"{v['data_wait_share']:.1%}; {v['samples_per_s']:.0f}",
+            f"{memory['data_wait_share']:.1%}; {memory['samples_per_s']:.0f} (the same rows in memory)",
+            v["samples_per_s_vs_memory"], f"wait < {TARGETS['data_wait']:.0%}" if prefetch else None,
+            v["data_wait_share"] < TARGETS["data_wait"] if prefetch else None)
     r = results.get("recovery", {})
     if "runs" in r:
         ours = [x for x in r["runs"]["scaletrain"] if x.get("completed")]

@@ -56,6 +56,8 @@ def test_a_stateful_stream_resumes_from_its_saved_state(tmp_path, monkeypatch, r
     states = [json.loads(line) for line in loaded.read_text().splitlines()]
     assert states == [{"epoch": 1, "index": 128}] * 2
     assert not worker_lines(summary, "has no state_dict()")
+    card = json.loads(Path(summary["run_dir"], "run_card.json").read_text())
+    assert card["data_fingerprint"].startswith("not known: a stream (Stream)")
 
 
 def test_a_stateless_stream_is_read_again_and_skipped_with_one_warning(tmp_path, monkeypatch, reference):

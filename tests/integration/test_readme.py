@@ -387,3 +387,21 @@ def test_two_machines_on_object_storage(checkout, s3_server, tmp_path):
                                **{"s3://bucket/prefix/JOB/RUN": f"s3://ckpt/runs/digits/{driver['run_id']}"}), "--json")
     rows = json.loads(listed.stdout)
     assert rows and {row["status"] for row in rows} == {"committed"}, rows
+
+
+def test_data_in_shards_on_disk_on_s3_and_as_a_stream(checkout, s3_server):
+    short = ("--set", "train.max_steps=40", "--json")
+    local = json.loads(checkout.run(readme("scaletrain run examples/shards/job.yaml"), *short).stdout)
+    assert local["status"] == "finished" and local["steps"] == 40 and local["world_size"] == 2
+    assert (checkout.root / "examples" / "shards" / "data" / "train" / "index.json").is_file()
+    bucket = {"s3://my-bucket/corpus": "s3://ckpt/corpus"}
+    wrote = checkout.run(fill(readme("python examples/shards/corpus.py s3://my-bucket/corpus"), **bucket))
+    assert wrote.stdout.strip() == "wrote 16384 + 1024 sequences of 33 tokens to s3://ckpt/corpus"
+    remote = json.loads(checkout.run(fill(readme(
+        "scaletrain run examples/shards/job.yaml --set task.args.location=s3://my-bucket/corpus"), **bucket),
+        *short).stdout)
+    # The same corpus, seed and order: the same weights from the bucket as from the disk.
+    assert remote["weights_sha256"] == local["weights_sha256"]
+    checked = checkout.run(readme("scaletrain verify-resume examples/shards/job.yaml --set task.args.stream=true"),
+                           timeout=280)
+    assert "PASS" in checked.stdout, checked.stdout + checked.stderr[-2000:]

@@ -95,3 +95,16 @@ def test_bad_locations_and_indexes_are_one_line(tmp_path):
     assert "is not a shard index" in message and "delete index.json" in message and "\n" not in message
     with pytest.raises(TaskError, match="shuffle_window is 0"):
         ParquetShards(str(tmp_path / "s"), shuffle_window=0)
+
+
+def test_the_run_card_fingerprint_reads_one_row_group(tmp_path):
+    from scaletrain.tracking.run_card import data_fingerprint
+
+    write_shards(columns(0, ROWS), str(tmp_path / "a"), rows_per_group=100)
+    shards = ParquetShards(str(tmp_path / "a"))
+    first = data_fingerprint(None, shards)
+    assert first.startswith("sha256:") and shards.stats["row_groups_read"] == 1
+    changed = columns(0, ROWS)
+    changed["label"][3] = 7.0
+    write_shards(changed, str(tmp_path / "b"), rows_per_group=100)
+    assert data_fingerprint(None, ParquetShards(str(tmp_path / "b"))) != first

@@ -34,6 +34,12 @@ def data_fingerprint(task: Any, dataset: Any, samples: int = 256) -> str:
     an evenly spread sample of items (cheap for big datasets, sensitive to changed data)."""
     if callable(getattr(task, "data_fingerprint", None)):
         return str(task.data_fingerprint())
+    if callable(getattr(dataset, "fingerprint", None)):  # ParquetShards: its layout and first row group
+        return str(dataset.fingerprint())
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        # A stream is read once, in order, by training: reading it here too would cost a pass's start.
+        return (f"not known: a stream ({type(dataset).__name__}); give the task a data_fingerprint() "
+                "method to record one")
     digest = hashlib.sha256()
     n = len(dataset)
     digest.update(str(n).encode())
