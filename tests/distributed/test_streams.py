@@ -78,6 +78,11 @@ def test_preempted_on_two_workers_resumed_on_one_reads_the_same_batches(tmp_path
     monkeypatch.delenv(FAULT_ENV)
     resumed = scaletrain.resume(stopped.value.run_dir, ["scale.workers=1", "data.batch_size=32"])
     assert resumed["world_size"] == 1 and resumed["resumed_from_step"] == stopped.value.step
+    said = worker_lines(resumed, "resuming the training stream at sample")
+    samples_in_pass = (stopped.value.step % 16) * 32  # 16 steps of 32 samples a pass
+    assert [e["message"] for e in said][-1] == (
+        f"resuming the training stream at sample {samples_in_pass} of pass {stopped.value.step // 16}, from its "
+        "saved state; global batches of 32 samples, the same at any number of workers")
     expected = {row["step"]: row["loss"] for row in read_metrics(reference["run_dir"])}
     after = [row for row in read_metrics(resumed["run_dir"]) if row["step"] > stopped.value.step]
     assert [row["step"] for row in after] == list(range(stopped.value.step + 1, 41))

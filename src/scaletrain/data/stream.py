@@ -79,6 +79,11 @@ class StreamBatches:
         start = dict(resume_from or {"pass": 0, "samples_in_pass": 0, "state": None})
         # What a checkpoint of the last step the loop took records.
         self.position: StreamPosition = start
+        if resume_from is not None and rank == 0:
+            how = "from its saved state" if self.stateful and start.get("state") is not None else "by skipping"
+            log.info("resuming the training stream at sample %d of pass %d, %s; global batches of %d samples, "
+                     "the same at any number of workers", start["samples_in_pass"], start["pass"], how,
+                     self.global_batch)
         self._ahead = ThreadPrefetch(self._global_batches(start), prefetch, name="scaletrain-stream")
         self._pending: list[Any] = []
 
