@@ -60,19 +60,25 @@ def sequences(count: int, context: int, seed: int, first_id: int, chunk: int = 4
 
 
 def write_corpus(dest: str, train_rows: int = 16384, eval_rows: int = 1024, context: int = 32,
-                 rows_per_group: int = 256, seed: int = 0) -> None:
+                 rows_per_group: int = 256, seed: int = 0) -> bool:
     """The corpus at ``dest``/train and ``dest``/eval. A local one appears whole or not at all
-    (written aside, then renamed), so workers that start together can each ask for it."""
+    (written aside, then renamed), so workers that start together can each ask for it. False when
+    it was there already."""
     local = "://" not in dest
     target = Path(dest)
     if local:
         if (target / "train").is_dir():
-            return
+            return False
         target.parent.mkdir(parents=True, exist_ok=True)
         aside = tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent)
         where = aside
     else:
         where = dest.rstrip("/")
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(f"{where}/train")
+        if fs.exists(f"{root}/index.json"):
+            return False  # written before (write_shards never writes over a set)
     write_shards(sequences(train_rows, context, seed, 0), f"{where}/train", rows_per_group=rows_per_group)
     write_shards(sequences(eval_rows, context, seed + 1, train_rows), f"{where}/eval", rows_per_group=rows_per_group)
     if local:
@@ -80,6 +86,7 @@ def write_corpus(dest: str, train_rows: int = 16384, eval_rows: int = 1024, cont
             os.rename(aside, target)
         except OSError:  # another process wrote it first
             shutil.rmtree(aside, ignore_errors=True)
+    return True
 
 
 if __name__ == "__main__":
@@ -90,5 +97,6 @@ if __name__ == "__main__":
     parser.add_argument("--context", type=int, default=32)
     parser.add_argument("--rows-per-group", type=int, default=256)
     args = parser.parse_args()
-    write_corpus(args.dest, args.train_rows, args.eval_rows, args.context, args.rows_per_group)
+    if not write_corpus(args.dest, args.train_rows, args.eval_rows, args.context, args.rows_per_group):
+        raise SystemExit(f"error: {args.dest} already holds a corpus; delete it to write it again")
     print(f"wrote {args.train_rows} + {args.eval_rows} sequences of {args.context + 1} tokens to {args.dest}")

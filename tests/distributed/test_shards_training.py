@@ -1,6 +1,6 @@
 """Training from Parquet shards on a real S3-compatible server (moto), 2 gloo workers: the example
 task of examples/shards/; `verify-resume` (SIGKILL between checkpoints, restart) gives the same
-sha256; a run preempted on 2 workers and resumed on 1 reads exactly the same global batches,
+sha256 (over a Hugging Face stream of the same files: tests/integration/test_readme.py); a run preempted on 2 workers and resumed on 1 reads exactly the same global batches,
 sample id for sample id."""
 
 from __future__ import annotations
@@ -65,27 +65,6 @@ def test_verify_resume_over_shards_on_s3(tmp_path, corpus):
     assert outcome["passed"] is True and outcome["problem"] is None, outcome
     assert (outcome["killed_at_step"], outcome["resumed_from_step"], outcome["restarts"]) == (18, 12, 1)
     assert outcome["uninterrupted_sha256"] == outcome["resumed_sha256"]
-
-
-def test_verify_resume_over_a_hugging_face_stream_of_the_shards(tmp_path):
-    """The same files read as a Hugging Face ``datasets`` stream: its state_dict() is saved in the
-    checkpoint and loaded by the restarted workers."""
-    pytest.importorskip("datasets")
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        from corpus import write_corpus
-    finally:
-        sys.path.remove(str(EXAMPLE))
-    write_corpus(str(tmp_path / "corpus"), train_rows=1024, eval_rows=64, context=16, rows_per_group=64)
-    job = shard_job(tmp_path)
-    job["task"]["args"].update(location=str(tmp_path / "corpus"), stream=True)
-    (tmp_path / "job.yaml").write_text(json.dumps(job))
-    checked = scaletrain_cli("verify-resume", "job.yaml", "--steps", "24", "--json", cwd=tmp_path,
-                             env={"PYTHONPATH": f"{EXAMPLE}"}, timeout=400)
-    assert checked.returncode == 0, checked.stderr[-3000:]
-    outcome = json.loads(checked.stdout)
-    assert outcome["passed"] is True and outcome["resumed_from_step"] == 12, outcome
-    assert "has no state_dict()" not in checked.stderr  # resumed from its state, not by skipping
 
 
 def read_ids(folder: Path) -> dict[int, list[list[int]]]:

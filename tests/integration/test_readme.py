@@ -397,6 +397,8 @@ def test_data_in_shards_on_disk_on_s3_and_as_a_stream(checkout, s3_server):
     bucket = {"s3://my-bucket/corpus": "s3://ckpt/corpus"}
     wrote = checkout.run(fill(readme("python examples/shards/corpus.py s3://my-bucket/corpus"), **bucket))
     assert wrote.stdout.strip() == "wrote 16384 + 1024 sequences of 33 tokens to s3://ckpt/corpus"
+    again = checkout.run(fill(readme("python examples/shards/corpus.py s3://my-bucket/corpus"), **bucket), code=1)
+    assert again.stderr.strip() == "error: s3://ckpt/corpus already holds a corpus; delete it to write it again"
     remote = json.loads(checkout.run(fill(readme(
         "scaletrain run examples/shards/job.yaml --set task.args.location=s3://my-bucket/corpus"), **bucket),
         *short).stdout)
@@ -405,3 +407,5 @@ def test_data_in_shards_on_disk_on_s3_and_as_a_stream(checkout, s3_server):
     checked = checkout.run(readme("scaletrain verify-resume examples/shards/job.yaml --set task.args.stream=true"),
                            timeout=280)
     assert "PASS" in checked.stdout, checked.stdout + checked.stderr[-2000:]
+    # The Hugging Face stream resumed from its state_dict(), not by skipping.
+    assert "has no state_dict()" not in checked.stderr and "from its saved state" in checked.stderr

@@ -95,6 +95,18 @@ def test_bad_locations_and_indexes_are_one_line(tmp_path):
     assert "is not a shard index" in message and "delete index.json" in message and "\n" not in message
     with pytest.raises(TaskError, match="shuffle_window is 0"):
         ParquetShards(str(tmp_path / "s"), shuffle_window=0)
+    # Writing over a set would mix old and new files: refused, nothing touched.
+    before = sorted(p.name for p in (tmp_path / "s").iterdir())
+    with pytest.raises(ValueError, match="already holds shards; write to a new folder, or delete them first"):
+        write_shards(columns(0, 10), str(tmp_path / "s"))
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == before
+
+
+def test_one_parquet_file_is_a_dataset_too(tmp_path):
+    write_shards(columns(0, ROWS), str(tmp_path / "s"), rows_per_group=300, groups_per_file=10)
+    one = ParquetShards(str(tmp_path / "s" / "part-00000.parquet"))
+    assert one.files == ["part-00000.parquet"] and one.row_groups.sizes == (300, 300, 300, 100)
+    check_every_sample(one)
 
 
 def test_the_run_card_fingerprint_reads_one_row_group(tmp_path):

@@ -75,12 +75,17 @@ class ParquetShards(Dataset):
 
     def _layout(self) -> tuple[list[str], list[list[int]]]:
         fs, root = self._fs_and_root()
+        self._base = root  # the folder the files are named from (pickled: plain text)
         index_path = posixpath.join(root, INDEX_FILE)
         try:
             if fs.exists(index_path):
                 with fs.open(index_path, "rb") as f:
                     return _read_index(json.loads(f.read()), self.location)
-            found = sorted(p for p in fs.find(root) if p.endswith(".parquet"))
+            if fs.isfile(root):  # one file: its folder is the root
+                root, found = posixpath.dirname(root), [root]
+                self._base = root
+            else:
+                found = sorted(p for p in fs.find(root) if p.endswith(".parquet"))
         except (OSError, ValueError) as exc:
             raise TaskError(f"cannot read the shards at {self.location}: {exc}; check the path and its "
                             "credentials (object storage reads them from the environment)") from None
@@ -153,8 +158,8 @@ class ParquetShards(Dataset):
         opened = self._handles.get(file)
         if opened is None:
             if self._fs is None:
-                self._fs, self._root = self._fs_and_root()
-            raw = self._fs.open(posixpath.join(self._root, self.files[file]), "rb")
+                self._fs = self._fs_and_root()[0]
+            raw = self._fs.open(posixpath.join(self._base, self.files[file]), "rb")
             opened = self._handles[file] = (pq.ParquetFile(raw), raw)
             if len(self._handles) > 8:  # few files open at once: a window spans a few of them
                 _, (_, oldest) = self._handles.popitem(last=False)
@@ -167,7 +172,6 @@ class ParquetShards(Dataset):
         """Per-process state: the filesystem, open files and the cache are made where used."""
         self._pid = os.getpid()
         self._fs = None
-        self._root = ""
         self._handles = OrderedDict()  # file number -> (pyarrow ParquetFile, its open fsspec file)
         self._cache = OrderedDict()  # row group -> (its columns, bytes)
         self._cached_bytes = 0
@@ -176,7 +180,7 @@ class ParquetShards(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("_pid", "_fs", "_root", "_handles", "_cache", "_cached_bytes", "_lock", "stats")}
+                 if k not in ("_pid", "_fs", "_handles", "_cache", "_cached_bytes", "_lock", "stats")}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -253,6 +257,10 @@ def write_shards(data: Any, location: str, *, rows_per_group: int = 1024, groups
     if rows_per_group < 1 or groups_per_file < 1:
         raise ValueError("rows_per_group and groups_per_file are positive")
     fs, root = _filesystem(location.rstrip("/") or "/")
+    if fs.exists(posixpath.join(root, INDEX_FILE)) or (fs.isdir(root) and any(
+            p.endswith(".parquet") for p in fs.find(root))):
+        raise ValueError(f"{location} already holds shards; write to a new folder, or delete them first "
+                         "(a new set beside an old one would mix them)")
     fs.makedirs(root, exist_ok=True)
     chunks = [data] if isinstance(data, (Mapping, pa.Table)) else data
     files: list[dict[str, Any]] = []
