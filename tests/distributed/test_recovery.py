@@ -19,7 +19,13 @@ import scaletrain
 from scaletrain.checkpoint.manifest import Manifest
 from scaletrain.errors import RunPreempted, WorkerFailedError
 from scaletrain.recovery.faults import FAULT_ENV
-from tests.helpers.run import REPO, read_metrics, scaletrain_cli
+from tests.helpers.run import (
+    REPO,
+    assert_same_losses_after,
+    preempt_then_resume_on_one_worker,
+    read_metrics,
+    scaletrain_cli,
+)
 from tests.helpers.tasks import toy_job
 
 pytestmark = pytest.mark.distributed
@@ -207,18 +213,9 @@ def test_resume_on_one_worker_reads_the_same_batches(tmp_path, monkeypatch):
     job = recovery_job(tmp_path, task={"args": {"dropout": 0.0, "step_sleep": 0.02}},
                        recovery={"max_restarts": 0})
     uninterrupted = scaletrain.run(job)
-    monkeypatch.setenv(FAULT_ENV, "sigterm:rank=0:step=12")
-    with pytest.raises(RunPreempted) as info:
-        scaletrain.run(job)
-    monkeypatch.delenv(FAULT_ENV)
     # 1 worker x 32 reads the same global batches as 2 x 16.
-    resumed = scaletrain.resume(info.value.run_dir, ["scale.workers=1", "data.batch_size=32"])
-    assert resumed["world_size"] == 1 and resumed["resumed_from_step"] == info.value.step
-    expected = {row["step"]: row["loss"] for row in read_metrics(uninterrupted["run_dir"])}
-    after = [row for row in read_metrics(resumed["run_dir"]) if row["step"] > info.value.step]
-    assert [row["step"] for row in after] == list(range(info.value.step + 1, 41))
-    for row in after:  # only the order of floating-point sums differs
-        assert row["loss"] == pytest.approx(expected[row["step"]], rel=1e-4)
+    stopped_at, resumed = preempt_then_resume_on_one_worker(job, monkeypatch)
+    assert_same_losses_after(uninterrupted, resumed, stopped_at, 40)
 
 
 def test_sigterm_to_the_launcher_checkpoints_then_cli_resume(tmp_path, reference, processes):

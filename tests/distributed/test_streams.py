@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 import scaletrain
-from scaletrain.errors import RunPreempted
 from scaletrain.recovery.faults import FAULT_ENV
-from tests.helpers.run import read_metrics
+from tests.helpers.run import assert_same_losses_after, preempt_then_resume_on_one_worker
 from tests.helpers.tasks import toy_job
 
 pytestmark = pytest.mark.distributed
@@ -71,20 +70,10 @@ def test_a_stateless_stream_is_read_again_and_skipped_with_one_warning(tmp_path,
 
 
 def test_preempted_on_two_workers_resumed_on_one_reads_the_same_batches(tmp_path, monkeypatch, reference):
-    job = stream_job(tmp_path, stateful=True)
-    monkeypatch.setenv(FAULT_ENV, "sigterm:rank=0:step=12")
-    with pytest.raises(RunPreempted) as stopped:
-        scaletrain.run(job)
-    monkeypatch.delenv(FAULT_ENV)
-    resumed = scaletrain.resume(stopped.value.run_dir, ["scale.workers=1", "data.batch_size=32"])
-    assert resumed["world_size"] == 1 and resumed["resumed_from_step"] == stopped.value.step
+    stopped_at, resumed = preempt_then_resume_on_one_worker(stream_job(tmp_path, stateful=True), monkeypatch)
     said = worker_lines(resumed, "resuming the training stream at sample")
-    samples_in_pass = (stopped.value.step % 16) * 32  # 16 steps of 32 samples a pass
+    samples_in_pass = (stopped_at % 16) * 32  # 16 steps of 32 samples a pass
     assert [e["message"] for e in said][-1] == (
-        f"resuming the training stream at sample {samples_in_pass} of pass {stopped.value.step // 16}, from its "
+        f"resuming the training stream at sample {samples_in_pass} of pass {stopped_at // 16}, from its "
         "saved state; global batches of 32 samples, the same at any number of workers")
-    expected = {row["step"]: row["loss"] for row in read_metrics(reference["run_dir"])}
-    after = [row for row in read_metrics(resumed["run_dir"]) if row["step"] > stopped.value.step]
-    assert [row["step"] for row in after] == list(range(stopped.value.step + 1, 41))
-    for row in after:  # only the order of floating-point sums differs
-        assert row["loss"] == pytest.approx(expected[row["step"]], rel=1e-4)
+    assert_same_losses_after(reference, resumed, stopped_at, 40)

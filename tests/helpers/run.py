@@ -29,6 +29,36 @@ def scaletrain_cli(*args: str, cwd: Path = REPO, timeout: float = 240, env: dict
     )
 
 
+def preempt_then_resume_on_one_worker(job: dict, monkeypatch, at_step: int = 12) -> tuple[int, dict]:
+    """Run ``job`` (2 workers x batch 16) until rank 0 gets SIGTERM at ``at_step``, then resume it
+    on 1 worker x batch 32 (the same global batch); the step it stopped at, and the summary."""
+    import pytest
+
+    import scaletrain
+    from scaletrain.errors import RunPreempted
+    from scaletrain.recovery.faults import FAULT_ENV
+
+    monkeypatch.setenv(FAULT_ENV, f"sigterm:rank=0:step={at_step}")
+    with pytest.raises(RunPreempted) as stopped:
+        scaletrain.run(job)
+    monkeypatch.delenv(FAULT_ENV)
+    resumed = scaletrain.resume(stopped.value.run_dir, ["scale.workers=1", "data.batch_size=32"])
+    assert resumed["world_size"] == 1 and resumed["resumed_from_step"] == stopped.value.step
+    return stopped.value.step, resumed
+
+
+def assert_same_losses_after(reference: dict, resumed: dict, step: int, last: int) -> None:
+    """Every train loss after ``step`` equals the reference run's at that step: the same batches
+    (only the order of floating-point sums differs)."""
+    import pytest
+
+    expected = {row["step"]: row["loss"] for row in read_metrics(reference["run_dir"])}
+    after = [row for row in read_metrics(resumed["run_dir"]) if row["step"] > step]
+    assert [row["step"] for row in after] == list(range(step + 1, last + 1))
+    for row in after:
+        assert row["loss"] == pytest.approx(expected[row["step"]], rel=1e-4)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
