@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -52,11 +53,10 @@ def main() -> None:
         server = S3Server(root / "s3").start()
         try:
             server.make_bucket("corpus")
-            env = server.env()
+            os.environ.update(server.env())  # this process and the runs it starts talk to the server
             local = str(root / "corpus")
-            write_corpus(local, train_rows=args.rows, eval_rows=256, context=CONTEXT, rows_per_group=256)
-            _with_env(env, lambda: write_corpus("s3://corpus/c", train_rows=args.rows, eval_rows=256,
-                                                context=CONTEXT, rows_per_group=256))
+            for where in (local, "s3://corpus/c"):
+                write_corpus(where, train_rows=args.rows, eval_rows=256, context=CONTEXT, rows_per_group=256)
             sources = {"memory": [f"task.args.location={local}", "task.args.in_memory=true"],
                        "disk": [f"task.args.location={local}"],
                        "s3": ["task.args.location=s3://corpus/c"]}
@@ -73,8 +73,7 @@ def main() -> None:
                             [*overrides, f"data.loader_workers={workers}", "scale.workers=1", f"data.batch_size={BATCH}",
                              f"task.args.dim={args.dim}", f"train.max_steps={args.steps}", "train.log_every=10",
                              "train.eval_every=100000", "checkpoint.every_steps=null", "checkpoint.at_end=false",
-                             "tracking.enabled=false", f"run_dir={root / 'runs'}"],
-                            env=env)
+                             "tracking.enabled=false", f"run_dir={root / 'runs'}"])
                         runs.setdefault(name, []).append(_figures(summary["run_dir"]))
         finally:
             server.stop()
@@ -109,21 +108,6 @@ def _figures(run_dir: str) -> dict:
             steps += n
         previous = row["step"]
     return {"data_wait_share": wait / step, "step_ms": 1e3 * step / steps, "samples_per_s": BATCH * steps / step}
-
-
-def _with_env(env: dict, call) -> None:
-    import os
-
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        call()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _has_datasets() -> bool:

@@ -27,6 +27,7 @@ from pathlib import Path
 from scaletrain.checkpoint.manifest import MANIFEST_FILE, Manifest, ManifestError, file_path
 from scaletrain.errors import ConfigError
 from scaletrain.rundir.atomic import fsync_dir, write_text_atomic
+from scaletrain.rundir.filesystem import open_filesystem
 
 __all__ = [
     "CheckpointStorage",
@@ -287,20 +288,7 @@ class ObjectStorage(CheckpointStorage):
 
 
 def _filesystem(url: str):
-    try:
-        import fsspec
-    except ImportError:
-        raise ConfigError(
-            f"checkpoint.dir {url!r} needs fsspec; install it with: pip install 'scaletrain[s3]'"
-        ) from None
-    try:
-        # A fresh client: fsspec's instance cache keys on arguments, not on the environment
-        # (AWS_ENDPOINT_URL, credentials) a client was made with, which may have changed.
-        return fsspec.core.url_to_fs(url, skip_instance_cache=True)
-    except (ImportError, ValueError) as exc:
-        protocol = url.split("://", 1)[0]
-        hint = "pip install 'scaletrain[s3]'" if protocol in ("s3", "s3a") else f"the fsspec driver for {protocol}://"
-        raise ConfigError(f"checkpoint.dir {url!r}: {exc}; install {hint}") from None
+    return open_filesystem(url, ConfigError, f"checkpoint.dir {url!r}")
 
 
 def open_storage(location: str) -> CheckpointStorage:

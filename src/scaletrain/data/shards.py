@@ -30,6 +30,7 @@ from torch.utils.data import Dataset
 
 from scaletrain.data.shard_order import RowGroups
 from scaletrain.errors import TaskError
+from scaletrain.rundir.filesystem import open_filesystem
 
 __all__ = ["ParquetShards", "write_shards", "INDEX_FILE"]
 
@@ -203,18 +204,7 @@ class ParquetShards(Dataset):
 
 
 def _filesystem(location: str) -> tuple[Any, str]:
-    try:
-        import fsspec
-    except ImportError:  # pragma: no cover - fsspec comes with MLflow
-        raise TaskError("ParquetShards needs fsspec; install it with: pip install 'scaletrain[s3]'") from None
-    try:
-        # A fresh client: fsspec caches instances by arguments, not by the environment they saw.
-        fs, root = fsspec.core.url_to_fs(location, skip_instance_cache=True)
-    except (ImportError, ValueError) as exc:
-        protocol = location.split("://", 1)[0]
-        hint = "pip install 'scaletrain[s3]'" if protocol in ("s3", "s3a") else f"the fsspec driver for {protocol}://"
-        raise TaskError(f"cannot open {location}: {exc}; install {hint}") from None
-    return fs, root
+    return open_filesystem(location, TaskError, f"ParquetShards {location!r}")
 
 
 def _read_index(document: Any, location: str) -> tuple[list[str], list[list[int]]]:

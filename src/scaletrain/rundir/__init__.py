@@ -1,5 +1,6 @@
 """The run directory, at the bottom of the package: every name in it (names.py), atomic writes
-(atomic.py), the spec a launcher hands its workers (spec.py) and the launcher's lock (lock.py).
+(atomic.py), the spec a launcher hands its workers (spec.py), the launcher's lock (lock.py), and
+fsspec's filesystem for a location that is a URL (filesystem.py).
 Launchers, workers, the tracking process and the checkpoint tools all read it; it imports
 nothing of scaletrain but its errors."""
 
