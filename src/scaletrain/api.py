@@ -73,10 +73,13 @@ def run(
     # The run directory is this launcher's while it lives (rundir.RunLock), taken once the
     # job and its pre-flight pass: bad input leaves no run directory behind.
     lock = RunLock(spec.run_dir, spec.run_id, node_rank)
+    warm = _warm_tracker(config, node_rank)
     try:
-        return _launch(config, spec, started_at, tracking_tags, rendezvous=rendezvous, lock=lock)
+        return _launch(config, spec, started_at, tracking_tags, rendezvous=rendezvous, lock=lock, warm=warm)
     finally:
         lock.release()
+        if warm is not None:
+            warm.discard()
 
 
 def resume(
@@ -104,7 +107,22 @@ def resume(
         return {**finished.summary, "note": finished.note}
     with lock:
         config = JobConfig.model_validate(spec.job)
-        return _launch(config, spec, started_at, None, notes)
+        warm = _warm_tracker(config, spec.node_rank)
+        try:
+            return _launch(config, spec, started_at, None, notes, warm=warm)
+        finally:
+            if warm is not None:
+                warm.discard()
+
+
+def _warm_tracker(config: JobConfig, node_rank: int) -> Any:
+    """The driver's tracking process, started now: it imports MLflow while this process
+    imports torch and checks the job (tracking/tracker_handle.py WarmTracker)."""
+    if not config.tracking.enabled or node_rank:
+        return None
+    from scaletrain.tracking.tracker_handle import WarmTracker
+
+    return WarmTracker(config)
 
 
 def _join_driver(config: JobConfig, run_id: str | None, node_rank: int) -> tuple[Any, dict]:
@@ -141,7 +159,7 @@ def _open_rendezvous(config: JobConfig, spec: Any) -> Any:
 
 def _launch(
     config: JobConfig, spec: Any, started_at: float, tracking_tags: dict[str, str] | None,
-    notes: Sequence[str] = (), rendezvous: Any = None, lock: Any = None,
+    notes: Sequence[str] = (), rendezvous: Any = None, lock: Any = None, warm: Any = None,
 ) -> dict[str, Any]:
     from scaletrain.distributed.device import check_local_workers, threads_per_worker
     from scaletrain.launch import launcher_for
@@ -191,7 +209,7 @@ def _launch(
         logging.getLogger(LAUNCHER_LOGGER_NAME).warning("%s", note)
     try:
         with observed(config, spec, launcher.name, logging.getLogger(f"{LAUNCHER_LOGGER_NAME}.metrics")) as watch:
-            return _run_attempt(config, spec, launcher, started_at, tracking_tags, watch)
+            return _run_attempt(config, spec, launcher, started_at, tracking_tags, watch, warm)
     finally:
         undo_logging()
         if rendezvous is not None:
@@ -249,7 +267,7 @@ def preflight(
 
 def _run_attempt(
     config: JobConfig, spec: Any, launcher: Any, started_at: float, tracking_tags: dict | None,
-    watch: Any = None,
+    watch: Any = None, warm: Any = None,
 ) -> dict[str, Any]:
     from scaletrain.observe.goodput import goodput, rank0_figures
     from scaletrain.observe.telemetry import current as telemetry
@@ -260,7 +278,7 @@ def _run_attempt(
     if config.tracking.enabled and spec.node_rank == 0:  # the driver tracks the job
         from scaletrain.tracking.tracker_handle import TrackingSession
 
-        tracking = TrackingSession(config, spec, launcher.name, tracking_tags, _launcher_log).start()
+        tracking = TrackingSession(config, spec, launcher.name, tracking_tags, _launcher_log).start(warm)
 
     summary: dict[str, Any] = {
         "status": "running",

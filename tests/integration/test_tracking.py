@@ -75,10 +75,22 @@ def test_one_run_per_job_with_params_metrics_tags_artifacts_and_model(tmp_path, 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # what runs:/ URIs resolve against
     x = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
     import torch
+    from safetensors.torch import load_file
 
+    trained = load_file(Path(summary["run_dir"], "model.safetensors"))
     for source in (f"runs:/{run.info.run_id}/model", f"models:/{model_entity.model_id}"):
         model = mlflow.pytorch.load_model(source)
-        assert tuple(model(torch.from_numpy(x)).shape) == (5, 4)
+        assert tuple(model(torch.from_numpy(x)).shape) == (5, 4)  # any batch size, not the example's 2
+        # The final weights, bit for bit, and pyfunc serves what the module computes.
+        assert {k: v for k, v in model.state_dict().items()}.keys() == trained.keys()
+        assert all(torch.equal(model.state_dict()[k], trained[k]) for k in trained)
+        served = mlflow.pyfunc.load_model(source)
+        assert np.array_equal(np.asarray(served.predict(x)), model(torch.from_numpy(x)).detach().numpy())
+    info = mlflow.models.get_model_info(f"models:/{model_entity.model_id}")
+    assert info.signature.inputs.to_dict() == [{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": (-1, 16)}}]
+    assert info.signature.outputs.to_dict() == [{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": (-1, 4)}}]
+    assert info.saved_input_example_info["type"] == "ndarray"
+    assert info.flavors["pytorch"]["pytorch_version"] == torch.__version__
 
 
 def test_an_sqlite_stores_artifacts_live_beside_it_not_in_the_working_directory(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ from scaletrain.runners.base import Runner
 from scaletrain.runners.runtime import WorkerRuntime
 from scaletrain.task import build_task
 from scaletrain.tracking.logs import LOGGER_NAME
-from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR, example_input, save_mlflow_model
+from scaletrain.tracking.mlflow_model import MLFLOW_MODEL_DIR, example_input, export_model
 
 __all__ = ["TaskRunner"]
 
@@ -91,7 +91,8 @@ def _log_start(runtime: WorkerRuntime, resumed_at: int | None) -> None:
 
 
 def _export(spec: RunSpec, task: Any, trainer: Trainer, result: TrainResult) -> None:
-    """Rank 0: the final weights as safetensors, and the MLflow model (torch.export)."""
+    """Rank 0: the final weights as safetensors, and the model traced by torch.export (the
+    tracking process makes it an MLflow model)."""
     model = trainer.strategy.unwrap(trainer.model)
     if trainer.strategy.sharded:  # a plain copy of the model with the gathered weights
         model = task.build_model()
@@ -103,5 +104,5 @@ def _export(spec: RunSpec, task: Any, trainer: Trainer, result: TrainResult) -> 
     )
     if trainer.job.tracking.enabled and trainer.job.tracking.log_model:
         example = example_input(task, trainer.train_set, trainer.collate or default_collate)
-        save_mlflow_model(model, os.path.join(spec.out_dir, MLFLOW_MODEL_DIR), example)
+        export_model(model, os.path.join(spec.out_dir, MLFLOW_MODEL_DIR), example)
 

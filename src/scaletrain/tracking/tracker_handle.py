@@ -23,7 +23,7 @@ from scaletrain.config.schema import JobConfig
 from scaletrain.rundir import EXTRA_TAGS_ENV, MLFLOW_RUN_FILE, TRACKING_DIR
 from scaletrain.tracking.redact import redact_url
 
-__all__ = ["TrackingSession", "record_run", "recorded_run"]
+__all__ = ["TrackingSession", "WarmTracker", "record_run", "recorded_run"]
 
 ARTIFACTS_TIMEOUT_S = 600.0
 
@@ -57,6 +57,40 @@ def record_run(run_dir: str | Path, uri: str, run_id: str) -> None:
     write_text_atomic(Path(run_dir) / TRACKING_DIR / MLFLOW_RUN_FILE, json.dumps({"uri": redact_url(uri), "run_id": run_id}))
 
 
+class WarmTracker:
+    """The tracking process started as soon as the job is read, before the launcher imports
+    torch: MLflow's import (~3 s of CPU with the sqlite store's) then runs on the core the
+    launcher's single-threaded start-up leaves idle, not on the cores the starting workers
+    need. It waits for the attempt's details on stdin (TrackingSession.start); closed unused
+    (a refused job, no attempt), it reads end of file and exits."""
+
+    def __init__(self, config: JobConfig):
+        from scaletrain.tracking.mlflow_run import resolve_tracking_uri
+
+        scheme = resolve_tracking_uri(config).split(":", 1)[0]  # never the URI: it may hold a password
+        self.process: subprocess.Popen | None = subprocess.Popen(  # noqa: S603  our module, no shell
+            [sys.executable, "-m", "scaletrain.tracking.tracker_process", "--warm", scheme],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+
+    def take(self) -> subprocess.Popen | None:
+        process, self.process = self.process, None
+        return process
+
+    def discard(self) -> None:
+        """Not used (the job stopped before its attempt): end it."""
+        process = self.take()
+        if process is None:
+            return
+        try:
+            assert process.stdin is not None  # noqa: S101  started with pipes
+            process.stdin.close()
+            process.wait(10)
+        except (OSError, subprocess.TimeoutExpired):
+            process.kill()
+            process.wait()
+
+
 class TrackingSession:
     def __init__(self, config: JobConfig, spec: Any, engine: str, extra_tags: dict[str, str] | None,
                  log: logging.Logger, max_backoff_s: float = 10.0):
@@ -71,15 +105,26 @@ class TrackingSession:
         self._report: dict[str, Any] | None = None
         self._deadline: float | None = None  # set when the attempt ends
 
-    def start(self) -> TrackingSession:
-        """Start the tracking process (it reads the run's spec.json, written before)."""
-        self._proc = subprocess.Popen(  # noqa: S603  this interpreter and our module, no shell
-            [sys.executable, "-m", "scaletrain.tracking.tracker_process", str(self.run_dir),
-             str(self.spec.launcher_log), self.engine, str(self._max_backoff)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            # In the environment, not the command line: other users can read a command line.
-            env={**os.environ, EXTRA_TAGS_ENV: json.dumps(self.extra_tags or {})},
-        )
+    def start(self, warm: WarmTracker | None = None) -> TrackingSession:
+        """Start the tracking process, or hand the attempt to the one ``warm`` started (it
+        reads the run's spec.json, written before)."""
+        args = [str(self.run_dir), str(self.spec.launcher_log), self.engine, str(self._max_backoff)]
+        self._proc = warm.take() if warm is not None else None
+        if self._proc is not None:
+            try:  # the extra tags go down the pipe: other users can read a command line
+                assert self._proc.stdin is not None  # noqa: S101  started with pipes
+                self._proc.stdin.write(json.dumps({"args": args, "extra_tags": self.extra_tags or {}}) + "\n")
+                self._proc.stdin.flush()
+            except OSError:  # it died while warming: start one the usual way
+                self._proc.wait()
+                self._proc = None
+        if self._proc is None:
+            self._proc = subprocess.Popen(  # noqa: S603  this interpreter and our module, no shell
+                [sys.executable, "-m", "scaletrain.tracking.tracker_process", *args],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                # In the environment, not the command line: other users can read a command line.
+                env={**os.environ, EXTRA_TAGS_ENV: json.dumps(self.extra_tags or {})},
+            )
         threading.Thread(target=self._read, name="scaletrain-tracking", daemon=True).start()
         return self
 

@@ -117,8 +117,17 @@ def _open_run(config: Any, spec: Any, engine: str, extra_tags: dict[str, str], l
 
 def _finish(run: Any, command: dict[str, Any], log: logging.Logger) -> str | None:
     """Log the artifacts and the final status; returns the error, if any."""
+    from scaletrain.tracking.mlflow_package import is_exported_model, package_pytorch_model
+
     try:
         for path, artifact_path in command.get("artifacts", []):
+            if artifact_path == "model" and is_exported_model(path):  # rank 0's torch.export
+                try:
+                    package_pytorch_model(path)
+                except Exception as exc:  # the model is extra: the run still ends as it should
+                    log.warning("the final model was not logged in MLflow's format (%s); the "
+                                "weights are logged", _one_line(exc))
+                    continue
             if artifact_path == "model" and Path(path, "MLmodel").is_file():  # an MLflow 3 logged model
                 model_id = run.log_model(path, "model", (command.get("tags") or {}).get("scaletrain.steps"))
                 log.info("logged model %s of run %s", model_id, run.run_id)
@@ -133,6 +142,22 @@ def _finish(run: Any, command: dict[str, Any], log: logging.Logger) -> str | Non
         return _one_line(exc)
 
 
+def _warm_up(scheme: str) -> dict[str, Any] | None:
+    """MLflow imported (and the store's module, for an sqlite store) before the attempt is
+    known; then the attempt's details, one JSON line on stdin (None: end of file)."""
+    from scaletrain.tracking.mlflow_client import configure_mlflow_client
+
+    configure_mlflow_client()
+    if scheme == "sqlite":
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401  the import is the point
+    line = sys.stdin.readline()
+    try:
+        attempt = json.loads(line) if line.strip() else None
+    except ValueError:
+        return None
+    return attempt if isinstance(attempt, dict) and isinstance(attempt.get("args"), list) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     # The launcher handles Ctrl-C and preemption, then tells this process how to end the run.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -143,8 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     from scaletrain.tracking.logs import LAUNCHER_LOGGER_NAME, LogContext, setup_logging
     from scaletrain.tracking.redact import Redactor
 
-    run_dir, log_file, engine, max_backoff = (argv or sys.argv[1:])[:4]
-    extra_tags = os.environ.pop(EXTRA_TAGS_ENV, "{}")
+    argv = argv or sys.argv[1:]
+    if argv[:1] == ["--warm"]:  # started early (tracker_handle.WarmTracker): import, then wait
+        attempt = _warm_up(argv[1] if len(argv) > 1 else "")
+        if attempt is None:  # the job stopped before its attempt
+            return 0
+        argv, extra_tags = attempt["args"], json.dumps(attempt.get("extra_tags") or {})
+    else:
+        extra_tags = os.environ.pop(EXTRA_TAGS_ENV, "{}")
+    run_dir, log_file, engine, max_backoff = argv[:4]
     spec = RunSpec.read(Path(run_dir) / SPEC_FILE)
     undo = setup_logging(LogContext.for_spec(spec, rank=None), log_file,
                          redactor=Redactor.for_config(spec.job), logger_name=LAUNCHER_LOGGER_NAME)
