@@ -66,10 +66,10 @@ def export_model(model: nn.Module, path: str | Path, example: Any) -> Path | Non
         program = torch.export.export(model, (inputs,), dynamic_shapes=({0: torch.export.Dim.AUTO},))
         (path / "data").mkdir(parents=True)
         torch.export.save(program, str(path / EXPORTED_PROGRAM))
-        arrays = {"input": example}
         if isinstance(output, torch.Tensor):
-            arrays["output"] = output.detach().cpu().numpy()
-        np.savez(path / EXAMPLE_FILE, **arrays)
+            np.savez(path / EXAMPLE_FILE, input=example, output=output.detach().cpu().numpy())
+        else:  # a signature without outputs
+            np.savez(path / EXAMPLE_FILE, input=example)
     except Exception as exc:
         log.warning(
             "the final model was not saved in MLflow's format (%s: %s); the weights are in "
