@@ -161,7 +161,7 @@ def test_a_corrupted_newest_checkpoint_falls_back_with_one_warning(tmp_path, ref
     resume from step 20 and end as the uninterrupted 40-step run."""
     first = scaletrain.run(recovery_job(tmp_path, train={"max_steps": 30}))  # saves 10, 20, 30
     run_dir = Path(first["run_dir"])
-    shard = run_dir / "checkpoints" / "step-00000030" / "__0_0.distcp"
+    shard = run_dir / "checkpoints" / "step-00000030" / "state.safetensors"
     data = bytearray(shard.read_bytes())
     data[100] ^= 0x10
     shard.write_bytes(bytes(data))
@@ -173,7 +173,7 @@ def test_a_corrupted_newest_checkpoint_falls_back_with_one_warning(tmp_path, ref
         if '"warning"' in line and "failed verification" in line
     ]
     assert len(warnings) == 1
-    assert "step-00000030 failed verification (__0_0.distcp does not match its sha256" in warnings[0]["message"]
+    assert "step-00000030 failed verification (state.safetensors does not match its sha256" in warnings[0]["message"]
     assert warnings[0]["message"].endswith("using the previous one")
 
 

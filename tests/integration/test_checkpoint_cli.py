@@ -39,7 +39,7 @@ def test_verify_names_the_damaged_file_and_exits_1(tmp_path, finished_run):
     shutil.copytree(finished_run / "checkpoints", copy)
     good = scaletrain_cli("checkpoints", "verify", str(copy), "--json")
     assert good.returncode == 0 and {r["status"] for r in json.loads(good.stdout)} == {"verified"}
-    with open(copy / "step-00000030" / "__0_0.distcp", "r+b") as handle:
+    with open(copy / "step-00000030" / "state.safetensors", "r+b") as handle:
         handle.seek(200)
         byte = handle.read(1)
         handle.seek(200)
@@ -49,7 +49,7 @@ def test_verify_names_the_damaged_file_and_exits_1(tmp_path, finished_run):
     assert bad.returncode == 1
     rows = {r["name"]: r for r in json.loads(bad.stdout)}
     assert rows["step-00000030"]["status"] == "corrupt"
-    assert rows["step-00000030"]["why"] == "__0_0.distcp does not match its sha256 (corrupted)"
+    assert rows["step-00000030"]["why"] == "state.safetensors does not match its sha256 (corrupted)"
     assert rows["step-00000020"]["status"] == "incomplete"
     assert rows["step-00000020"]["why"] == "no manifest (an unfinished save)"
     one = scaletrain_cli("checkpoints", "verify", str(copy / "step-00000030"), "--json")

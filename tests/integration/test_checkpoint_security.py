@@ -82,7 +82,7 @@ def test_verify_on_a_bucket_refuses_a_manifest_naming_a_path_outside_the_cache(s
 
 
 def test_resume_refuses_a_checkpoint_whose_index_would_run_code(tmp_path):
-    run_dir = _finished_run(tmp_path)
+    run_dir = _finished_run(tmp_path, checkpoint={"format": "dcp"})  # DCP's index is a pickle
     checkpoint = run_dir / "checkpoints" / "step-00000005"
     marker = tmp_path / "marker"
     forged = _index_with_payload(checkpoint / ".metadata", marker)
@@ -174,13 +174,13 @@ def test_checkpoints_set_aside_on_a_bucket_keep_their_files_when_the_step_is_sav
         return scaletrain.resume(first["run_dir"], [f"seed={seed}"])
 
     original = files_of("step-00000020")
-    assert set(original) == {"manifest.json", ".metadata", "trainer.json", "__0_0.distcp"}
+    assert set(original) == {"manifest.json", "state.safetensors", "trainer.json"}
     second = set_aside_after(10, 8)
     assert second["resumed_from_step"] == 10 and second["checkpoint_step"] == 30
     assert files_of("superseded-step-00000020") == original  # every byte, manifest included
     verified("superseded-step-00000020")
     resaved = files_of("step-00000020")
-    assert resaved["__0_0.distcp"] != original["__0_0.distcp"]  # the other timeline's
+    assert resaved["state.safetensors"] != original["state.safetensors"]  # the other timeline's
     verified("step-00000020")
 
     set_aside_after(10, 9)  # the same step set aside again

@@ -21,14 +21,18 @@ def checkpoints_of(summary) -> Path:
     return Path(summary["run_dir"]) / "checkpoints"
 
 
-def test_a_checkpoint_holds_dcp_files_trainer_state_and_a_manifest_of_hashes(tmp_path):
+@pytest.mark.parametrize(("format", "files"), [
+    ("auto", ["state.safetensors", "trainer.json"]),  # a small state every rank holds whole: one file
+    ("dcp", [".metadata", "__0_0.distcp", "trainer.json"]),
+])
+def test_a_checkpoint_holds_the_state_trainer_state_and_a_manifest_of_hashes(tmp_path, format, files):
     summary = scaletrain.run(toy_job(tmp_path, train={"max_steps": 30, "eval_every": 30},
-                                     checkpoint={"every_steps": 10}))
+                                     checkpoint={"every_steps": 10, "format": format}))
     root = checkpoints_of(summary)
     assert sorted(p.name for p in root.iterdir()) == ["step-00000020", "step-00000030"]  # keep_last 2
     last = root / "step-00000030"
     manifest = Manifest.from_json((last / "manifest.json").read_text())
-    assert sorted(manifest.files) == [".metadata", "__0_0.distcp", "trainer.json"]
+    assert sorted(manifest.files) == files
     assert manifest.step == 30 and manifest.world_size == 1 and manifest.strategy == "single"
     assert manifest.run_id == summary["run_id"]
     assert manifest.versions["scaletrain"] == scaletrain.__version__
@@ -40,15 +44,16 @@ def test_a_checkpoint_holds_dcp_files_trainer_state_and_a_manifest_of_hashes(tmp
     assert summary["checkpoint_step"] == 30
 
 
-def test_verification_catches_truncation_and_bit_flips(tmp_path):
-    summary = scaletrain.run(toy_job(tmp_path, train={"max_steps": 5}))
+@pytest.mark.parametrize(("format", "name"), [("auto", "state.safetensors"), ("dcp", "__0_0.distcp")])
+def test_verification_catches_truncation_and_bit_flips(tmp_path, format, name):
+    summary = scaletrain.run(toy_job(tmp_path, train={"max_steps": 5}, checkpoint={"format": format}))
     folder = checkpoints_of(summary) / "step-00000005"
     manifest = Manifest.from_json((folder / "manifest.json").read_text())
-    shard = folder / "__0_0.distcp"
+    shard = folder / name
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
-    with pytest.raises(ManifestError, match=r"__0_0.distcp does not match its sha256 \(corrupted\)"):
+    with pytest.raises(ManifestError, match=rf"{name} does not match its sha256 \(corrupted\)"):
         manifest.check_dir(folder)
     shard.write_bytes(bytes(data[:-10]))
     with pytest.raises(ManifestError, match=r"has \d+ bytes, the manifest says \d+ \(truncated\?\)"):

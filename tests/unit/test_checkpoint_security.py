@@ -44,7 +44,7 @@ def test_a_manifest_naming_anything_but_a_checkpoints_files_is_refused(name):
 
 def test_a_manifest_must_list_the_index_and_the_trainer_state():
     files = {k: v for k, v in LAYOUT.items() if k != ".metadata"}
-    with pytest.raises(CheckpointRefused, match=r"^the manifest lists no index \(\.metadata or tf\.index\): refused$"):
+    with pytest.raises(CheckpointRefused, match=r"^the manifest lists no index \(\.metadata, state\.safetensors or tf\.index\): refused$"):
         Manifest.from_json(_manifest(files=files).to_json())
     files = {k: v for k, v in LAYOUT.items() if k != "trainer.json"}
     with pytest.raises(CheckpointRefused, match=r"^the manifest does not list trainer\.json: refused$"):

@@ -261,14 +261,17 @@ def load(target: Any, path: str, files: dict[str, FileEntry], group: Any) -> Non
     target.load_dcp_state(state)
 
 
-def set_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """Put a loaded ``state_of`` back into the model and optimizer."""
+def set_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+              full: bool = False) -> None:
+    """Put a loaded ``state_of`` back into the model and optimizer. ``full``: whole tensors (a
+    single-file checkpoint's), which a sharded model takes its shards of."""
+    options = StateDictOptions(full_state_dict=full)
     if hasattr(optimizer, "load_checkpoint_state"):
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=options)
         optimizer.load_checkpoint_state(model, state["optim"])
         return
     set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"], options=StateDictOptions())
+                   optim_state_dict=state["optim"], options=options)
 
 
 def model_state(model: torch.nn.Module) -> dict[str, Any]:
@@ -279,9 +282,10 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
     return get_optimizer_state_dict(model, optimizer)
 
 
-def set_model_state(model: torch.nn.Module, state: dict[str, Any]) -> None:
-    set_model_state_dict(model, state)
+def set_model_state(model: torch.nn.Module, state: dict[str, Any], full: bool = False) -> None:
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=full))
 
 
-def set_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    set_optimizer_state_dict(model, optimizer, state)
+def set_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                        full: bool = False) -> None:
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=full))

@@ -52,7 +52,9 @@ from scaletrain.errors import ScaletrainError
 from scaletrain.observe.telemetry import current as telemetry
 from scaletrain.rundir import CHECKPOINT_CACHE_DIR
 
-__all__ = ["CheckpointManager", "Restored", "TRAINER_STATE_FILE", "CheckpointError"]
+__all__ = ["CheckpointManager", "Restored", "TRAINER_STATE_FILE", "CheckpointError", "REPLICATED_STRATEGIES"]
+
+REPLICATED_STRATEGIES = ("single", "ddp")  # every rank holds the whole state
 
 log = logging.getLogger("scaletrain.checkpoint")
 
@@ -92,6 +94,7 @@ class _Pending:
     done: threading.Event
     entries: dict[str, FileEntry] | None = None
     error: BaseException | None = None
+    single: bool = False  # the state as one file (single_file.py)
 
 
 class CheckpointManager:
@@ -109,6 +112,7 @@ class CheckpointManager:
         fault_hook: Any = None,
         local_rank: int | None = None,
         before_commit: Any = None,
+        single_file: bool = True,
     ):
         self.storage: CheckpointStorage = open_storage(location)
         self.rank, self.world_size, self.strategy = rank, world_size, strategy
@@ -122,6 +126,9 @@ class CheckpointManager:
         self.async_save = async_save
         self.fault_hook = fault_hook
         self.before_commit = before_commit  # rank 0: called before a checkpoint becomes one
+        # A small state every rank holds whole goes in one file from rank 0 (single_file.py);
+        # checkpoint.format: dcp turns it off.
+        self.single_file = single_file and strategy in REPLICATED_STRATEGIES
         # Checkpoint collectives get their own gloo group: an async save's background thread
         # must never interleave with the training collectives on the default group.
         self.group = collectives.new_gloo_group()
@@ -156,29 +163,39 @@ class CheckpointManager:
                 self._prepare(step, staging, trainer_state)
             except Exception as exc:
                 error = exc
-        if not self._all_ready(name, error):  # the barrier before DCP writes
+        state = training_state.dcp_state() if self.single_file and isinstance(training_state, DcpState) else None
+        ready, single = self._all_ready(name, error, state is not None and _fits(state))
+        if not ready:  # the barrier before the state is written
             return
         if not (self.async_save and training_state.supports_async):
             try:
-                written = training_state.write(staging, self.group)
+                if single:  # rank 0 writes the whole state; the others wait at the commit
+                    written = _single_file_save(state, staging) if self.rank == 0 else {}
+                    own = list(written)
+                else:
+                    written = training_state.write(staging, self.group)
+                    own = training_state.own_files(staging, self.rank)
                 self._crash_point(step)
-                entries: dict[str, FileEntry] | str = self._own_files_hashed(
-                    staging, training_state.own_files(staging, self.rank), written)
+                entries: dict[str, FileEntry] | str = self._own_files_hashed(staging, own, written)
                 self.storage.publish(name, staging, list(entries))
             except Exception as exc:
                 entries = _failure(exc)
             self._commit(name, step, staging, metrics, entries)
             return
         assert isinstance(training_state, DcpState)  # noqa: S101  the only format staged in memory
-        pending = _Pending(name, step, staging, metrics, threading.Event())
-        try:
-            staged = self._stage(training_state.dcp_state())
-        except Exception as exc:  # agreed on, with the other ranks, at the commit
-            pending.error = exc
+        pending = _Pending(name, step, staging, metrics, threading.Event(), single=single)
+        if single and self.rank != 0:  # nothing to write on this rank
+            pending.entries = {}
             pending.done.set()
         else:
-            assert self._jobs is not None  # noqa: S101  an invariant: set when async saves start
-            self._jobs.put((pending, staged))
+            try:
+                staged = self._stage(state if state is not None else training_state.dcp_state())
+            except Exception as exc:  # agreed on, with the other ranks, at the commit
+                pending.error = exc
+                pending.done.set()
+            else:
+                assert self._jobs is not None  # noqa: S101  an invariant: set when async saves start
+                self._jobs.put((pending, staged))
         self._pending = pending
         telemetry().set("checkpoint_writes_pending", 1)
 
@@ -194,12 +211,14 @@ class CheckpointManager:
         state = {**trainer_state, **identity, "step": step, "world_size": self.world_size}
         (staging / TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
 
-    def _all_ready(self, name: str, error: BaseException | None) -> bool:
-        """Every rank learns whether any failed (one all-reduce: the cost of a barrier)."""
-        failed = collectives.all_reduce(torch.tensor([float(error is not None)]), "max", self.group)
-        if failed.item():
+    def _all_ready(self, name: str, error: BaseException | None, single: bool) -> tuple[bool, bool]:
+        """Every rank learns whether any failed, and whether all can write the state as one file
+        (one all-reduce: the cost of a barrier)."""
+        flags = collectives.all_reduce(torch.tensor([float(error is not None), float(not single)]), "max",
+                                       self.group).tolist()
+        if flags[0]:
             self._save_failed(name, _failure(error) if error is not None else "")
-        return not failed.item()
+        return not flags[0], not flags[1]
 
     def _save_failed(self, name: str, why: str) -> None:
         """The warning for a save that failed: its reason on the rank it failed on, a pointer
@@ -238,10 +257,14 @@ class CheckpointManager:
         from scaletrain.checkpoint import dcp_io
 
         try:
-            written = dcp_io.save(staged, str(pending.staging), self.group)
+            if pending.single:  # rank 0 (the others have nothing to write)
+                written = _single_file_save(staged, pending.staging)
+                own = list(written)
+            else:
+                written = dcp_io.save(staged, str(pending.staging), self.group)
+                own = DcpState().own_files(pending.staging, self.rank)
             self._crash_point(pending.step)
-            pending.entries = self._own_files_hashed(
-                pending.staging, DcpState().own_files(pending.staging, self.rank), written)
+            pending.entries = self._own_files_hashed(pending.staging, own, written)
             self.storage.publish(pending.name, pending.staging, list(pending.entries))
         except BaseException as exc:  # reported by the main thread at the commit
             pending.error = exc
@@ -464,6 +487,18 @@ class CheckpointManager:
     def _crash_point(self, step: int) -> None:
         if self.fault_hook is not None:
             self.fault_hook(step)
+
+
+def _fits(state: dict[str, Any]) -> bool:
+    from scaletrain.checkpoint import single_file
+
+    return single_file.fits(state)
+
+
+def _single_file_save(state: Any, staging: Path) -> Written:
+    from scaletrain.checkpoint import single_file
+
+    return single_file.save(state, staging)
 
 
 def _value(item: Any) -> Any:

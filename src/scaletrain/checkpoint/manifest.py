@@ -26,6 +26,7 @@ __all__ = [
     "MANIFEST_FILE",
     "METADATA_FILE",
     "TRAINER_STATE_FILE",
+    "STATE_FILE",
     "TF_INDEX_FILE",
     "KEY_ENV",
     "FORMAT_VERSION",
@@ -41,13 +42,15 @@ __all__ = [
 MANIFEST_FILE = "manifest.json"
 METADATA_FILE = ".metadata"  # DCP's index of the checkpoint (a pickle)
 TRAINER_STATE_FILE = "trainer.json"
+STATE_FILE = "state.safetensors"  # a small unsharded state in one file (single_file.py)
 KEY_ENV = CHECKPOINT_KEY_ENV
 FORMAT_VERSION = 1
 _CHUNK = 4 << 20
 TF_INDEX_FILE = "tf.index"  # a TensorFlow job's checkpoint (TF's tensor bundle: tf.index, tf.data-*)
 # Every file a checkpoint has: DCP's index, the trainer's state and DCP's __<rank>_<n>.distcp;
 # or, for a TensorFlow job, TF's index and data shards.
-_FILE_NAME = re.compile(r"\.metadata|trainer\.json|__[0-9]+_[0-9]+\.distcp|tf\.index|tf\.data-[0-9]{5}-of-[0-9]{5}")
+_FILE_NAME = re.compile(
+    r"\.metadata|trainer\.json|__[0-9]+_[0-9]+\.distcp|state\.safetensors|tf\.index|tf\.data-[0-9]{5}-of-[0-9]{5}")
 
 
 class ManifestError(Exception):
@@ -160,8 +163,9 @@ def _check_names(files: dict[str, FileEntry]) -> None:
         _check_name(name)
     if TRAINER_STATE_FILE not in files:
         raise CheckpointRefused(f"the manifest does not list {TRAINER_STATE_FILE}: refused")
-    if METADATA_FILE not in files and TF_INDEX_FILE not in files:
-        raise CheckpointRefused(f"the manifest lists no index ({METADATA_FILE} or {TF_INDEX_FILE}): refused")
+    if METADATA_FILE not in files and TF_INDEX_FILE not in files and STATE_FILE not in files:
+        raise CheckpointRefused(
+            f"the manifest lists no index ({METADATA_FILE}, {STATE_FILE} or {TF_INDEX_FILE}): refused")
 
 
 def _key() -> bytes | None:

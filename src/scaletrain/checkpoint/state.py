@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from scaletrain.checkpoint.manifest import METADATA_FILE, FileEntry, Manifest, file_path
+from scaletrain.checkpoint.manifest import METADATA_FILE, STATE_FILE, FileEntry, Manifest, file_path
 
 __all__ = ["TrainingState", "DcpState", "ModelAndOptimizer", "LoopObjects", "plain_values", "Written"]
 
@@ -56,8 +56,9 @@ class DcpState:
         """The state DCP writes, or fills in place on a load (the same keys)."""
         raise NotImplementedError
 
-    def load_dcp_state(self, state: dict[str, Any]) -> None:
-        """Put a loaded state back into the live objects."""
+    def load_dcp_state(self, state: dict[str, Any], full: bool = False) -> None:
+        """Put a loaded state back into the live objects (``full``: whole tensors, from a
+        single-file checkpoint, that a sharded object takes its shards of)."""
         raise NotImplementedError
 
     def write(self, staging: Path, group: Any) -> Written:
@@ -66,16 +67,28 @@ class DcpState:
         return dcp_io.save(self.dcp_state(), str(staging), group)
 
     def own_files(self, staging: Path, rank: int) -> list[str]:
+        if (staging / STATE_FILE).is_file():  # single_file.py's: rank 0 wrote it all
+            return [STATE_FILE] if rank == 0 else []
         own = re.compile(rf"^__{rank}_\d+\.distcp$")
         names = [p.name for p in staging.iterdir() if own.match(p.name)]
         return names + [METADATA_FILE] if rank == 0 else names
 
     def check_index(self, local: Path, manifest: Manifest) -> None:
+        if STATE_FILE in manifest.files:
+            from scaletrain.checkpoint import single_file
+
+            single_file.check(file_path(local, STATE_FILE))
+            return
         from scaletrain.checkpoint.dcp_metadata import read_metadata
 
         read_metadata(file_path(local, METADATA_FILE).read_bytes(), manifest.files)
 
     def read(self, local: Path, files: dict[str, FileEntry], group: Any) -> None:
+        if STATE_FILE in files:
+            from scaletrain.checkpoint import single_file
+
+            self.load_dcp_state(single_file.load(file_path(local, STATE_FILE)), full=True)
+            return
         from scaletrain.checkpoint import dcp_io
 
         dcp_io.load(self, str(local), files, group)
@@ -92,10 +105,10 @@ class ModelAndOptimizer(DcpState):
 
         return dcp_io.state_of(self.model, self.optimizer)
 
-    def load_dcp_state(self, state: dict[str, Any]) -> None:
+    def load_dcp_state(self, state: dict[str, Any], full: bool = False) -> None:
         from scaletrain.checkpoint import dcp_io
 
-        dcp_io.set_state(self.model, self.optimizer, state)
+        dcp_io.set_state(self.model, self.optimizer, state, full)
 
 
 class LoopObjects(DcpState):
@@ -132,14 +145,14 @@ class LoopObjects(DcpState):
                 state[key] = value.state_dict()
         return state
 
-    def load_dcp_state(self, state: dict[str, Any]) -> None:
+    def load_dcp_state(self, state: dict[str, Any], full: bool = False) -> None:
         from scaletrain.checkpoint import dcp_io
 
         for key, value in self._kept_by_dcp().items():
             if isinstance(value, torch.nn.Module):
-                dcp_io.set_model_state(value, state[key])
+                dcp_io.set_model_state(value, state[key], full)
             elif isinstance(value, torch.optim.Optimizer):
-                dcp_io.set_optimizer_state(self._owner(key, value), value, state[key])
+                dcp_io.set_optimizer_state(self._owner(key, value), value, state[key], full)
             elif isinstance(value, torch.Tensor):
                 with torch.no_grad():
                     value.copy_(state[key])

@@ -516,6 +516,12 @@ class CheckpointConfig(Section):
     async_save: bool = Field(
         False, description="write in a background thread; training stalls only to copy the state"
     )
+    format: Literal["auto", "dcp"] = Field(
+        "auto", description="auto: a state every worker holds whole (one process, DDP) and under "
+        "64 MiB in one safetensors file written by rank 0 (DCP's fixed costs are 10x torch.save's "
+        "there), else torch.distributed.checkpoint (every rank writes its part); dcp: always DCP. "
+        "Both load on any number of workers"
+    )
 
     @property
     def enabled(self) -> bool:

@@ -132,6 +132,7 @@ class WorkerRuntime:
             },
             policy=policy,
             async_save=job.checkpoint.async_save,
+            single_file=job.checkpoint.format == "auto",
             fault_hook=self.faults.during_checkpoint if self.faults.active else None,
             local_rank=self.env.local_rank,
             before_commit=getattr(console, "before_checkpoint", None),
