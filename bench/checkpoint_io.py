@@ -182,7 +182,7 @@ def profile_st(name: str, tmp: Path, top: int = 15) -> str:
     sync = manager(tmp / "profiled", tmp)
     out = io.StringIO()
     save_profile = cProfile.Profile()
-    save_profile.runcall(sync.save, 1, model, optimizer, {**TRAINER_STATE, "step": 1}, {})
+    save_profile.runcall(sync.save, 1, ModelAndOptimizer(model, optimizer), {**TRAINER_STATE, "step": 1}, {})
     sync.close()
     stats = pstats.Stats(save_profile, stream=out).strip_dirs()
     stats.sort_stats("cumulative").print_stats(top)
