@@ -52,6 +52,29 @@ def test_config_and_cli_do_not_import_torch():
     assert result.returncode == 0, result.stderr
 
 
+def test_a_ddp_worker_imports_no_sharding_no_dcp_and_no_mlflow():
+    """What a worker of a DDP job loads before its first step (each costs start-up time the raw
+    loop never pays): ZeRO-1's torch.distributed.optim pulls FSDP and DTensor in; DCP comes only
+    with a large or sharded checkpoint; MLflow never (the tracking process has it)."""
+    code = (
+        "import sys\n"
+        "import scaletrain.launch.worker, scaletrain.runners.task, scaletrain.engine.trainer\n"
+        "from scaletrain.strategies import get_strategy\n"
+        "get_strategy('ddp'); get_strategy('single')\n"
+        "heavy = [m for m in ('torch.distributed.optim', 'torch.distributed.fsdp', 'torch.distributed.tensor',\n"
+        "                     'torch.distributed.checkpoint', 'mlflow', 'ray') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_every_strategy_is_registered_under_its_own_name():
+    from scaletrain.strategies import STRATEGIES, strategy_class
+
+    assert {name: strategy_class(name).name for name in STRATEGIES} == {name: name for name in STRATEGIES}
+
+
 # The house from the bottom up (docs/architecture.md says the same): a part imports only parts
 # on lower floors, lazily or not.
 FLOORS = [

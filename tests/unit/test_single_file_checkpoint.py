@@ -86,3 +86,45 @@ def test_resume_refuses_a_forged_state_file_with_matching_hashes(tmp_path):
     (checkpoint / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ScaletrainError, match=r"step-00000005 refused: state\.safetensors is not a state scaletrain writes"):
         scaletrain.resume(summary["run_dir"], ["train.max_steps=6"])
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(5, 3)
+        self.norm = torch.nn.LayerNorm(3)
+        self.head = torch.nn.Linear(3, 5, bias=False)
+        self.head.weight = self.emb.weight
+        self.register_buffer("seen", torch.ones(2))
+
+    def forward(self, x):
+        return self.head(self.norm(self.emb(x)))
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    return a == b
+
+
+def test_the_whole_state_without_dcp_is_what_dcps_get_state_dict_gives():
+    """A tied parameter, a buffer, two groups, a schedule's initial_lr, a parameter not stepped."""
+    from scaletrain.checkpoint import dcp_io
+    from scaletrain.checkpoint.state import ModelAndOptimizer
+
+    torch.manual_seed(0)
+    model = _Tied()
+    optimizer = torch.optim.AdamW([{"params": [model.emb.weight], "weight_decay": 0.1},
+                                   {"params": [model.norm.weight, model.norm.bias], "weight_decay": 0.0}])
+    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)
+    model.norm.bias.requires_grad_(False)  # no gradient, no optimizer state
+    model(torch.tensor([1, 2])).sum().backward()
+    optimizer.step()
+    state = ModelAndOptimizer(model, optimizer)
+    ours, dcps = state.whole_state(), dcp_io.state_of(model, optimizer)
+    assert list(ours["optim"]["state"]) == ["emb.weight", "norm.weight"]
+    assert _same(ours, dcps)

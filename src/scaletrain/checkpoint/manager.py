@@ -163,7 +163,7 @@ class CheckpointManager:
                 self._prepare(step, staging, trainer_state)
             except Exception as exc:
                 error = exc
-        state = training_state.dcp_state() if self.single_file and isinstance(training_state, DcpState) else None
+        state = training_state.whole_state() if self.single_file and isinstance(training_state, DcpState) else None
         ready, single = self._all_ready(name, error, state is not None and _fits(state))
         if not ready:  # the barrier before the state is written
             return

@@ -56,6 +56,11 @@ class DcpState:
         """The state DCP writes, or fills in place on a load (the same keys)."""
         raise NotImplementedError
 
+    def whole_state(self) -> dict[str, Any]:
+        """The state when every rank holds it whole (the single-file format), in dcp_state()'s
+        layout."""
+        return self.dcp_state()
+
     def load_dcp_state(self, state: dict[str, Any], full: bool = False) -> None:
         """Put a loaded state back into the live objects (``full``: whole tensors, from a
         single-file checkpoint, that a sharded object takes its shards of)."""
@@ -109,6 +114,32 @@ class ModelAndOptimizer(DcpState):
         from scaletrain.checkpoint import dcp_io
 
         dcp_io.set_state(self.model, self.optimizer, state, full)
+
+    def whole_state(self) -> dict[str, Any]:
+        """What DCP's get_state_dict gives a plain module (or DDP's) and a plain optimizer,
+        without importing DCP (0.8 s, at a DDP job's first save, on every rank): the module's
+        state_dict, the optimizer's state and groups keyed by parameter names (a tied
+        parameter by its first name). Anything else (a compiled or wrapped module, a sharded
+        optimizer, a parameter the module does not name) goes through DCP."""
+        module = getattr(self.model, "module", self.model)  # DDP's wrapper adds nothing to the names
+        optimizer = self.optimizer
+        if hasattr(optimizer, "checkpoint_state") or not isinstance(module, torch.nn.Module):
+            return self.dcp_state()
+        model_state = module.state_dict()
+        if any(part in key for key in model_state for part in _WRAPPER_PREFIXES):
+            return self.dcp_state()
+        names: dict[int, str] = {}
+        for name, parameter in module.named_parameters():
+            names.setdefault(id(parameter), name)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if any(id(p) not in names for p in params):
+            return self.dcp_state()
+        return {"model": model_state, "optim": {
+            "state": {names[id(p)]: dict(optimizer.state[p]) for p in params if p in optimizer.state},
+            "param_groups": [{**{k: v for k, v in group.items() if k != "params"},
+                              "params": [names[id(p)] for p in group["params"]]}
+                             for group in optimizer.param_groups],
+        }}
 
 
 class LoopObjects(DcpState):
@@ -175,6 +206,10 @@ class LoopObjects(DcpState):
                 return value
         raise TypeError(f"the optimizer {key!r} steps parameters of no module in the state; keep "
                         "the model beside it, e.g. {'model': model, " f"{key!r}: {key}" "}")
+
+
+# Wrappers whose names DCP strips (torch.compile, activation checkpointing, FSDP1).
+_WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 
 
 def _in_dcp(value: Any) -> bool:
