@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import socket
 import sys
 from importlib import metadata
@@ -73,10 +74,7 @@ def build_run_card(job: dict[str, Any], fingerprint: str, world_size: int) -> di
     cuda = torch.cuda.is_available()
     return {
         "python": sys.version.split()[0],
-        "packages": sorted(
-            {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]},
-            key=str.lower,
-        ),
+        "packages": installed_packages(),
         "torch": {
             "version": torch.__version__,
             "cuda": torch.version.cuda,
@@ -98,6 +96,34 @@ def build_run_card(job: dict[str, Any], fingerprint: str, world_size: int) -> di
     }
 
 
+def installed_packages() -> list[str]:
+    """``name==version`` of every installed distribution (names in PEP 503's canonical form),
+    read from the names of the ``*.dist-info``/``*.egg-info`` folders on sys.path, the first
+    of a name winning as it does for imports: what pip freeze lists, without parsing ~300
+    METADATA files (importlib.metadata's way: 0.7 s of rank 0's interpreter while it trains)."""
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        try:
+            names = sorted(item.name for item in os.scandir(entry or "."))
+        except OSError:
+            continue
+        for folder in names:
+            stem, dot, kind = folder.rpartition(".")
+            if not dot or kind not in ("dist-info", "egg-info"):
+                continue
+            name, _, version = stem.partition("-")
+            version = version.split("-", 1)[0]  # an egg's -py3.11 suffix
+            if name and version:
+                found.setdefault(canonical_name(name), version)
+    if not found:  # a layout without metadata folders (a zip, an exotic finder): ask importlib
+        found = {canonical_name(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+    return [f"{name}=={version}" for name, version in sorted(found.items())]
+
+
+def canonical_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def write_run_card(run_dir: str | Path, card: dict[str, Any], redactor: Redactor) -> Path:
     path = Path(run_dir) / RUN_CARD_FILE
     write_text_atomic(path, redactor.json(card, indent=2))
@@ -112,8 +138,8 @@ def compare_run_cards(recorded: dict[str, Any], current: dict[str, Any]) -> list
         lines.append(f"git commit: {old_git.get('commit')} -> {new_git.get('commit')}")
     if old_git.get("diff_sha256") != new_git.get("diff_sha256"):
         lines.append("uncommitted changes differ")
-    old_pkgs = dict(p.split("==", 1) for p in recorded.get("packages", []))
-    new_pkgs = dict(p.split("==", 1) for p in current.get("packages", []))
+    old_pkgs = _by_name(recorded.get("packages", []))
+    new_pkgs = _by_name(current.get("packages", []))
     for name in sorted(set(old_pkgs) | set(new_pkgs), key=str.lower):
         if old_pkgs.get(name) != new_pkgs.get(name):
             lines.append(f"package {name}: {old_pkgs.get(name, 'absent')} -> {new_pkgs.get(name, 'absent')}")
@@ -125,6 +151,12 @@ def compare_run_cards(recorded: dict[str, Any], current: dict[str, Any]) -> list
         if old != new:
             lines.append(f"hardware {key}: {old} -> {new}")
     return lines
+
+
+def _by_name(packages: list[str]) -> dict[str, str]:
+    """``name==version`` lines by canonical name (run cards before 0.x kept METADATA's spelling)."""
+    pairs = (line.split("==", 1) for line in packages if "==" in line)
+    return {canonical_name(name): version for name, version in pairs}
 
 
 def _cpu_model() -> str:
