@@ -75,3 +75,23 @@ def test_launchers_are_a_registry_of_engines(tmp_path):
                                            recovery={"max_restarts": 3, "grace_period_s": 9})))
     assert isinstance(local, LocalLauncher)
     assert (local.max_restarts, local.grace_period_s, local.job_workers) == (3, 9, 2)
+
+
+def test_the_rendezvous_names_its_callers_as_torch_does_without_inspecting_the_stack():
+    import inspect
+
+    from scaletrain.launch.rendezvous import caller_name
+
+    def torchs(depth=2):  # torch's dynamic_rendezvous.get_method_name, as written there
+        if len(inspect.stack()) > depth:
+            return inspect.stack()[depth].function
+        return "no_method_name"
+
+    def record():  # as DynamicRendezvousHandler._record calls it
+        return torchs(), caller_name()
+
+    def next_rendezvous():
+        return record()
+
+    assert next_rendezvous() == ("next_rendezvous", "next_rendezvous")
+    assert caller_name(10_000) == torchs(10_000) == "no_method_name"
