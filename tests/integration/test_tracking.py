@@ -362,3 +362,23 @@ def test_system_metrics_are_sampled_while_training(tmp_path):
     memory = client.get_metric_history(run.info.run_id, "system/system_memory_usage_megabytes")
     assert len(cpu) >= 2 and len(memory) >= 2
     assert all(0 <= m.value <= 100 for m in cpu)
+
+
+def test_a_warm_tracking_process_not_used_ends_by_itself_and_one_used_opens_the_run(tmp_path):
+    """The tracking process starts as soon as the job is read (WarmTracker); a job refused
+    before its attempt (a pre-flight failure) closes it unused: it ends, nothing opened."""
+    from scaletrain.config.schema import JobConfig
+    from scaletrain.tracking.tracker_handle import WarmTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    warm = WarmTracker(JobConfig.model_validate(tracked_job(tmp_path, uri)))
+    process = warm.process
+    started = time.monotonic()
+    warm.discard()
+    assert process.returncode == 0 and time.monotonic() - started < 30
+    assert warm.take() is None
+    assert not (tmp_path / "mlflow.db").exists()  # it never opened the store
+    # Used: a tracked run's tracking process is the warm one (it opens the run).
+    summary = scaletrain.run(tracked_job(tmp_path, uri, train={"max_steps": 2}))
+    _client, run = the_run(uri, summary)
+    assert run.info.status == "FINISHED"
