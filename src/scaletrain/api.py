@@ -115,6 +115,33 @@ def resume(
                 warm.discard()
 
 
+class _Background:
+    """A call in a thread whose result is fetched later (None if it raised)."""
+
+    def __init__(self, call: Any):
+        import threading
+
+        self._value: Any = None
+        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True, name="scaletrain-git-state")
+        self._thread.start()
+
+    def _run(self, call: Any) -> None:
+        try:
+            self._value = call()
+        except Exception:  # noqa: S110  the run card says "unknown"; the run goes on
+            self._value = None
+
+    def result(self) -> Any:
+        self._thread.join()
+        return self._value
+
+
+def _git_state() -> Any:
+    from scaletrain.tracking.git_state import git_state
+
+    return git_state()
+
+
 def _warm_tracker(config: JobConfig, node_rank: int) -> Any:
     """The driver's tracking process, started now: it imports MLflow while this process
     imports torch and checks the job (tracking/tracker_handle.py WarmTracker)."""
@@ -161,6 +188,9 @@ def _launch(
     config: JobConfig, spec: Any, started_at: float, tracking_tags: dict[str, str] | None,
     notes: Sequence[str] = (), rendezvous: Any = None, lock: Any = None, warm: Any = None,
 ) -> dict[str, Any]:
+    # The run card's git state, taken here (beside torch's import) for the workers: a worker
+    # must not start git while its DataLoader forks (rundir/spec.py RunSpec.git).
+    git = _Background(_git_state)
     from scaletrain.distributed.device import check_local_workers, threads_per_worker
     from scaletrain.launch import launcher_for
     from scaletrain.task import check_job_code
@@ -193,6 +223,7 @@ def _launch(
     if config.scale.node_range[1] > 1 and rendezvous is None:
         rendezvous = _open_rendezvous(config, spec)
     launcher = launcher_for(config, rendezvous)
+    spec.git = git.result()
     spec.logs_dir.mkdir(parents=True, exist_ok=True)
     _write_redacted_job(config, Path(spec.run_dir) / JOB_FILE)
     undo_logging = setup_logging(

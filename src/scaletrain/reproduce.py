@@ -44,8 +44,11 @@ def reproduce(run_ref: str, uri: str, announce: Any = print,
     config = parse_job(job, [*overrides, f"tracking.uri={json.dumps(uri)}", "tracking.enabled=true"])
     search_path = _import_folders(python_path, announce)
     if recorded_card:
+        from scaletrain.tracking.git_state import git_state
+
         current = build_run_card(
-            config.model_dump(mode="json"), recorded_card.get("data_fingerprint"), config.scale.workers  # type: ignore[arg-type]  # an older card without a fingerprint compares as missing
+            config.model_dump(mode="json"), recorded_card.get("data_fingerprint"), config.scale.workers,  # type: ignore[arg-type]  # an older card without a fingerprint compares as missing
+            git_state(),
         )
         before = compare_run_cards(recorded_card, current)
     else:

@@ -69,6 +69,10 @@ class RunSpec:
     # Where a worker on another machine than the driver's writes (its logs, rank 0's outputs
     # until they are relayed); None: the run directory itself (same machine, or shared).
     local_dir: str | None = None
+    # The launcher's git state (tracking/git_state.py) for the run card: a worker never runs
+    # git itself, since a subprocess started while a DataLoader forks its workers can wait
+    # on them for good (the fork inherits the subprocess's status pipe).
+    git: dict[str, Any] | None = None
 
     @property
     def out_dir(self) -> Path:

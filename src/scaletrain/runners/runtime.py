@@ -151,7 +151,7 @@ class WorkerRuntime:
             if fingerprint is None:
                 fingerprint = (data_fingerprint(task, dataset) if dataset is not None or task is not None
                                else "not known: the loop read no data through ctx.loader")
-            card = {**build_run_card(spec.job, fingerprint, self.env.world_size), **(extra or {})}
+            card = {**build_run_card(spec.job, fingerprint, self.env.world_size, spec.git), **(extra or {})}
             write_run_card(spec.out_dir, card, Redactor.for_config(spec.job))
         except Exception:
             log.warning("could not write the run card", exc_info=True)

@@ -23,7 +23,6 @@ import torch
 
 from scaletrain.rundir import RUN_CARD_FILE
 from scaletrain.rundir.atomic import write_text_atomic
-from scaletrain.tracking.git_state import git_state
 from scaletrain.tracking.redact import Redactor
 
 __all__ = ["build_run_card", "write_run_card", "data_fingerprint", "compare_run_cards"]
@@ -70,7 +69,10 @@ def _hash_item(digest: Any, item: Any) -> None:
         digest.update(repr(item).encode())
 
 
-def build_run_card(job: dict[str, Any], fingerprint: str, world_size: int) -> dict[str, Any]:
+def build_run_card(job: dict[str, Any], fingerprint: str, world_size: int,
+                   git: dict[str, Any] | None) -> dict[str, Any]:
+    """The environment of a run. Nothing here starts a process (rank 0 builds it in a thread
+    while its DataLoader may be forking workers): ``git`` comes from the launcher."""
     cuda = torch.cuda.is_available()
     return {
         "python": sys.version.split()[0],
@@ -88,12 +90,23 @@ def build_run_card(job: dict[str, Any], fingerprint: str, world_size: int) -> di
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
             "world_size": world_size,
         },
-        "os": platform.platform(),
-        "git": git_state(),
+        "os": os_name(),
+        "git": git,
         "seed": job.get("seed"),
         "deterministic": job.get("deterministic"),
         "data_fingerprint": fingerprint,
     }
+
+
+def os_name() -> str:
+    """``platform.platform()``'s string ("Linux-6.1.0-x86_64-with-glibc2.36") without its
+    ``uname -p`` subprocess (which it runs to learn the processor, then leaves out)."""
+    system, release, machine = platform.system(), platform.release(), platform.machine()
+    if system == "Linux":
+        lib, version = platform.libc_ver()
+        if lib:
+            return "-".join(part.replace(" ", "_") for part in (system, release, machine, "with", lib + version))
+    return platform.platform()
 
 
 def installed_packages() -> list[str]:
