@@ -95,3 +95,37 @@ def test_a_later_attempt_sends_only_what_the_earlier_could_not(tmp_path):
         ("train/loss", 1), ("train/lr", 1), ("train/loss", 2), ("train/lr", 2), ("train/loss", 3), ("train/lr", 3),
         ("train/loss", 4)]
     assert [ts for _, _, ts in up.accepted[:2]] == [1000, 1000]  # a point keeps its own time
+
+
+def test_a_report_window_is_one_line_numbered_as_its_steps_would_be(tmp_path):
+    """A window of steps naming the same metrics is one line; its points are numbered step by
+    step, key by key, as per-step lines number them; old per-step lines still read."""
+    windowed, per_step = MetricJournal(tmp_path / "w"), MetricJournal(tmp_path / "s")
+    rows = [(step, 1000 * step, {"train/loss": 1.0 / step, "train/lr": 0.1, "train/x": float("nan")})
+            for step in (21, 22, 23)]
+    per_step.append(rows[:1])
+    per_step.append(rows[1:])
+    windowed.append(rows[:1])  # a line of the old kind first
+    windowed.append_window([21 + 1, 23], [22000, 23000], ["train/loss", "train/lr", "train/x"],
+                           [[1 / 22, 0.1, float("nan")], [1 / 23, 0.1, float("nan")]])
+    windowed.close()
+    assert len(windowed.path.read_text().splitlines()) == 2
+
+    def points(journal):
+        return [(p.seq, p.key, p.value if p.value == p.value else "nan", p.step, p.timestamp_ms)
+                for p in MetricJournal(journal.directory).read_from(0)[0]]
+
+    assert points(windowed) == points(per_step)
+    assert [p[0] for p in points(windowed)] == list(range(1, 10))
+    assert MetricJournal(tmp_path / "w")._next_seq == 10  # a reopened journal numbers on
+    assert MetricJournal(tmp_path / "w").last_steps() == {"train": 23}
+
+
+def test_a_window_line_torn_or_with_a_short_row_is_skipped_whole(tmp_path):
+    journal = MetricJournal(tmp_path)
+    journal.append_window([1, 2], [1000, 2000], ["a", "b"], [[1.0, 2.0], [3.0, 4.0]])
+    journal.close()
+    with open(journal.path, "a") as handle:
+        handle.write('{"seq": 5, "steps": [3, 4], "ts": [3000, 4000], "keys": ["a", "b"], "values": [[5.0], [6.0, 7.0]]}\n')
+        handle.write('{"seq": 5, "steps": [3, 4], "ts": [3000')
+    assert [p.seq for p in MetricJournal(tmp_path).read_from(0)[0]] == [1, 2, 3, 4]

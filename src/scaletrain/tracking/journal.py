@@ -1,8 +1,10 @@
 """The metric journal: every point is on local disk before anyone tries to send it.
 
-``metrics.journal.jsonl`` holds points in order, one line per step (its first sequence
-number, step, timestamp and values: one ``json.dumps`` per step, not per point, and one write
-per report); ``metrics.journal.sent`` holds the highest sequence number delivered together
+``metrics.journal.jsonl`` holds points in order: one line per report window (its first
+sequence number, the steps, their timestamps, the metric names once, a row of values per step:
+one ``json.dumps`` per window, rank 0's training thread pays ~1 us a step for it), or one line
+per step (an evaluation, a window whose steps name different metrics, and journals written
+before windows were); one write per report. ``metrics.journal.sent`` holds the highest sequence number delivered together
 with everything before it. A later attempt (or the same one after an outage) sends what lies
 past the cursor again. Points keep their original timestamp, so a point delivered twice is
 the same point, and MLflow's SQL store keeps it once.
@@ -28,6 +30,24 @@ class MetricPoint:
     value: float
     step: int
     timestamp_ms: int
+
+
+def _points(entry: dict) -> list[MetricPoint]:
+    """The points of one line, of either kind."""
+    seq = entry["seq"]
+    if "steps" in entry:  # a report window
+        keys, points = entry["keys"], []
+        width = len(keys)
+        rows = zip(entry["steps"], entry["ts"], entry["values"], strict=True)
+        for number, (step, timestamp, row) in enumerate(rows):
+            if len(row) != width:
+                raise ValueError("a row without a value for every key")
+            first = seq + number * width
+            points += [MetricPoint(first + index, key, value, step, timestamp)
+                       for index, (key, value) in enumerate(zip(keys, row))]
+        return points
+    return [MetricPoint(seq + index, key, value, entry["step"], entry["ts"])
+            for index, (key, value) in enumerate(entry["values"].items())]
 
 
 class MetricJournal:
@@ -64,11 +84,7 @@ class MetricJournal:
         points = []
         for line in data[:end].decode("utf-8", "replace").splitlines():
             try:
-                entry = json.loads(line)
-                for index, (key, value) in enumerate(entry["values"].items()):
-                    points.append(
-                        MetricPoint(entry["seq"] + index, key, value, entry["step"], entry["ts"])
-                    )
+                points.extend(_points(json.loads(line)))
             except (ValueError, TypeError, KeyError, AttributeError):
                 continue  # a line torn by a crash mid-write: its points were never acknowledged
         return points, offset + end
@@ -77,17 +93,34 @@ class MetricJournal:
         """Write ``(step, timestamp_ms, {key: value})`` rows in one write and flush them to the
         OS (they survive SIGKILL of this process)."""
         with self._lock:
-            if self._file is None:
-                torn = self.path.exists() and self.path.stat().st_size > 0 and not self._ends_with_newline()
-                self._file = open(self.path, "a", encoding="utf-8")
-                if torn:  # a crash cut the last line short: start ours on a fresh one
-                    self._file.write("\n")
+            self._open()
+            assert self._file is not None  # noqa: S101  opened above
             lines = []
             for step, timestamp_ms, values in rows:
                 lines.append(json.dumps({"seq": self._next_seq, "step": step, "ts": timestamp_ms, "values": values}))
                 self._next_seq += len(values)
             self._file.write("\n".join(lines) + "\n")
             self._file.flush()
+
+    def append_window(self, steps: list[int], timestamps_ms: list[int], keys: list[str],
+                      rows: list[list[float]]) -> None:
+        """The steps of one report, each with a value for every one of ``keys``, as one line in
+        one write (points numbered step by step, key by key, as ``append`` numbers them)."""
+        with self._lock:
+            self._open()
+            line = json.dumps({"seq": self._next_seq, "steps": steps, "ts": timestamps_ms, "keys": keys,
+                               "values": rows})
+            self._next_seq += len(steps) * len(keys)
+            assert self._file is not None  # noqa: S101  opened above
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def _open(self) -> None:
+        if self._file is None:
+            torn = self.path.exists() and self.path.stat().st_size > 0 and not self._ends_with_newline()
+            self._file = open(self.path, "a", encoding="utf-8")
+            if torn:  # a crash cut the last line short: start ours on a fresh one
+                self._file.write("\n")
 
     def _ends_with_newline(self) -> bool:
         with open(self.path, "rb") as handle:

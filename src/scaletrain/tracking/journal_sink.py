@@ -29,13 +29,22 @@ class JournalReporter(NullReporter):
 
     def _record(self, prefix: str, reports: list[StepReport]) -> None:
         done = self.recorded.get(prefix, 0)  # steps redone after a restart are journaled already
-        rows = [
+        reports = [r for r in reports if r.step > done]
+        if not reports:
+            return
+        names = list(reports[0].metrics)
+        if len(reports) > 1 and all(list(r.metrics) == names for r in reports):
+            # A window of steps that name the same metrics: one line (the common case).
+            self.journal.append_window(
+                [r.step for r in reports], [int(r.wall_time * 1000) for r in reports],
+                [f"{prefix}/{name}" for name in names],
+                [[float(v) for v in r.metrics.values()] for r in reports],
+            )
+            return
+        self.journal.append([
             (r.step, int(r.wall_time * 1000), {f"{prefix}/{k}": float(v) for k, v in r.metrics.items()})
             for r in reports
-            if r.step > done
-        ]
-        if rows:
-            self.journal.append(rows)
+        ])
 
     def on_train_metrics(self, reports: list[StepReport]) -> None:
         every, last = self.every, self.total_steps
