@@ -115,31 +115,14 @@ def resume(
                 warm.discard()
 
 
-class _Background:
-    """A call in a thread whose result is fetched later (None if it raised)."""
-
-    def __init__(self, call: Any):
-        import threading
-
-        self._value: Any = None
-        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True, name="scaletrain-git-state")
-        self._thread.start()
-
-    def _run(self, call: Any) -> None:
-        try:
-            self._value = call()
-        except Exception:  # noqa: S110  the run card says "unknown"; the run goes on
-            self._value = None
-
-    def result(self) -> Any:
-        self._thread.join()
-        return self._value
-
-
 def _git_state() -> Any:
+    """The run card's git state; None if git misbehaves (the run goes on without it)."""
     from scaletrain.tracking.git_state import git_state
 
-    return git_state()
+    try:
+        return git_state()
+    except Exception:
+        return None
 
 
 def _warm_tracker(config: JobConfig, node_rank: int) -> Any:
@@ -190,7 +173,11 @@ def _launch(
 ) -> dict[str, Any]:
     # The run card's git state, taken here (beside torch's import) for the workers: a worker
     # must not start git while its DataLoader forks (rundir/spec.py RunSpec.git).
-    git = _Background(_git_state)
+    from concurrent.futures import ThreadPoolExecutor
+
+    taking = ThreadPoolExecutor(1, thread_name_prefix="scaletrain-git-state")
+    git = taking.submit(_git_state)
+    taking.shutdown(wait=False)  # its thread ends with the call
     from scaletrain.distributed.device import check_local_workers, threads_per_worker
     from scaletrain.launch import launcher_for
     from scaletrain.task import check_job_code

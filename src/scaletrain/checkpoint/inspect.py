@@ -6,14 +6,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from scaletrain.checkpoint.dcp_metadata import read_metadata
 from scaletrain.checkpoint.manifest import (
     KEY_ENV,
     METADATA_FILE,
     STATE_FILE,
     CheckpointRefused,
     ManifestError,
-    file_path,
 )
 from scaletrain.checkpoint.storage import CheckpointStorage, is_remote, open_storage, step_of
 from scaletrain.errors import ConfigError
@@ -78,12 +76,10 @@ def describe_checkpoints(path: str, verify: bool) -> list[dict[str, Any]]:
             try:
                 local = storage.local_copy(name, manifest, Path(cache))
                 manifest.check_dir(local)
-                if METADATA_FILE in manifest.files:  # DCP's index (a TF checkpoint's is TF's to read)
-                    read_metadata(file_path(local, METADATA_FILE).read_bytes(), manifest.files)
-                elif STATE_FILE in manifest.files:  # one file's header (single_file.py)
-                    from scaletrain.checkpoint.single_file import check
+                if METADATA_FILE in manifest.files or STATE_FILE in manifest.files:  # (TF's is TF's to read)
+                    from scaletrain.checkpoint.state import DcpState
 
-                    check(file_path(local, STATE_FILE))
+                    DcpState().check_index(Path(local), manifest)
             except CheckpointRefused as exc:
                 rows.append({**row, "status": "refused", "why": str(exc)})
             except (ManifestError, OSError) as exc:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from scaletrain.checkpoint import single_file
 from scaletrain.checkpoint.manifest import (
     KEY_ENV,
     TRAINER_STATE_FILE,
@@ -164,13 +165,13 @@ class CheckpointManager:
             except Exception as exc:
                 error = exc
         state = training_state.whole_state() if self.single_file and isinstance(training_state, DcpState) else None
-        ready, single = self._all_ready(name, error, state is not None and _fits(state))
+        ready, single = self._all_ready(name, error, state is not None and single_file.fits(state))
         if not ready:  # the barrier before the state is written
             return
         if not (self.async_save and training_state.supports_async):
             try:
-                if single:  # rank 0 writes the whole state; the others wait at the commit
-                    written = _single_file_save(state, staging) if self.rank == 0 else {}
+                if single and state is not None:  # rank 0 writes the whole state; the others wait at the commit
+                    written = single_file.save(state, staging) if self.rank == 0 else {}
                     own = list(written)
                 else:
                     written = training_state.write(staging, self.group)
@@ -258,7 +259,7 @@ class CheckpointManager:
 
         try:
             if pending.single:  # rank 0 (the others have nothing to write)
-                written = _single_file_save(staged, pending.staging)
+                written = single_file.save(staged, pending.staging)
                 own = list(written)
             else:
                 written = dcp_io.save(staged, str(pending.staging), self.group)
@@ -487,18 +488,6 @@ class CheckpointManager:
     def _crash_point(self, step: int) -> None:
         if self.fault_hook is not None:
             self.fault_hook(step)
-
-
-def _fits(state: dict[str, Any]) -> bool:
-    from scaletrain.checkpoint import single_file
-
-    return single_file.fits(state)
-
-
-def _single_file_save(state: Any, staging: Path) -> Written:
-    from scaletrain.checkpoint import single_file
-
-    return single_file.save(state, staging)
 
 
 def _value(item: Any) -> Any:

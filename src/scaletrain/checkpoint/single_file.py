@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ __all__ = ["STATE_FILE", "SMALL_STATE_BYTES", "fits", "save", "load", "check"]
 
 SMALL_STATE_BYTES = 64 << 20  # above it, DCP's writes from every rank in parallel win
 _STRUCTURE_KEY = "scaletrain.structure"
-_HEADER_LIMIT = 100 << 20  # safetensors' own limit on its JSON header
 
 
 def fits(state: dict[str, Any], limit: int = SMALL_STATE_BYTES) -> bool:
@@ -116,21 +114,16 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def check(path: Path) -> None:
-    """Rank 0, before a load (its hash already matched): the file's header read as data, no
-    tensor bytes; a structure scaletrain never writes is refused."""
+    """Rank 0, before a load (its hash already matched): the file's header read as data (no
+    tensor bytes); a structure scaletrain never writes is refused."""
+    from safetensors import SafetensorError, safe_open
+
     from scaletrain.checkpoint.manifest import CheckpointRefused
 
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-            if len(head) != 8:
-                raise ValueError("too short")
-            (length,) = struct.unpack("<Q", head)
-            if length > _HEADER_LIMIT:
-                raise ValueError("its header is too long")
-            header = json.loads(handle.read(length))
-        structure = json.loads(header["__metadata__"][_STRUCTURE_KEY])
-        names = {key for key in header if key != "__metadata__"}
+        with safe_open(str(path), framework="pt") as reader:
+            structure = json.loads((reader.metadata() or {})[_STRUCTURE_KEY])
+            names = set(reader.keys())  # noqa: SIM118  safe_open has no __iter__
         _decode(structure, {name: torch.empty(0) for name in names})
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+    except (SafetensorError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise CheckpointRefused(f"{STATE_FILE} is not a state scaletrain writes ({exc}): refused") from None

@@ -72,8 +72,6 @@ class DcpState:
         return dcp_io.save(self.dcp_state(), str(staging), group)
 
     def own_files(self, staging: Path, rank: int) -> list[str]:
-        if (staging / STATE_FILE).is_file():  # single_file.py's: rank 0 wrote it all
-            return [STATE_FILE] if rank == 0 else []
         own = re.compile(rf"^__{rank}_\d+\.distcp$")
         names = [p.name for p in staging.iterdir() if own.match(p.name)]
         return names + [METADATA_FILE] if rank == 0 else names
