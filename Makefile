@@ -38,14 +38,14 @@ bench: $(STAMP)
 
 # On a machine with an NVIDIA GPU: bench/gpu_check.py's five checks in under 8 minutes
 # (bench/results/latest/gpu.json); `make gpu-check ARGS="--table"` also fills docs/benchmarks.md.
-# It needs only torch there: scaletrain runs from src/, pydantic comes from .whl/ (below).
+# It needs only torch there: scaletrain runs from src/, pydantic and blake3 come from .whl/ (below).
 gpu-check:
 	bash bench/gpu_check.sh $(ARGS)
 
-# The wheels bench/gpu_check.sh installs where pydantic is missing and there is no network: the
+# The wheels bench/gpu_check.sh installs where pydantic or blake3 is missing and there is no network: the
 # versions in .venv, for CPython 3.12 on x86_64 Linux, into .whl/ (git-ignored; carry it over).
 gpu-wheels:
-	python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+	python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 blake3==1.0.11
 
 venv: $(STAMP)
 

@@ -141,9 +141,12 @@ def test_a_hang_is_dumped_ended_and_restarted(tmp_path, monkeypatch, reference):
     # waited in a collective, so the launcher names rank 1, the hang, as the cause.
     assert "Timeout (0:00:08)!" in (logs / "worker-0.stacks.txt").read_text()
     # The line names the hung rank, its last step and where it is, and what its peer waited in.
-    assert re.search(r"restarting the workers after worker rank 1 failed: made no progress for 8 s after step 25, "
-                     r"in faults\.py:\d+ _fire \(hang watchdog; rank 0 waited for it in the gradients' all-reduce "
-                     r"\(backward\)\)", (logs / "launcher.jsonl").read_text())
+    restarts = [json.loads(line)["message"] for line in (logs / "launcher.jsonl").read_text().splitlines()
+                if "restarting the workers" in line]
+    assert len(restarts) == 1 and re.match(
+        r"restarting the workers after worker rank 1 failed: made no progress for 8 s after step 25, "
+        r"in faults\.py:\d+ _fire \(hang watchdog; rank 0 waited for it in the gradients' all-reduce "
+        r"\(backward\)\)", restarts[0]), restarts  # the line itself when it differs
 
 
 def test_a_rank_that_always_fails_ends_the_job_naming_it(tmp_path, monkeypatch):
@@ -173,7 +176,7 @@ def test_a_corrupted_newest_checkpoint_falls_back_with_one_warning(tmp_path, ref
         if '"warning"' in line and "failed verification" in line
     ]
     assert len(warnings) == 1
-    assert "step-00000030 failed verification (state.safetensors does not match its sha256" in warnings[0]["message"]
+    assert "step-00000030 failed verification (state.safetensors does not match its blake3 hash" in warnings[0]["message"]
     assert warnings[0]["message"].endswith("using the previous one")
 
 

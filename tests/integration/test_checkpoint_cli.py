@@ -49,7 +49,7 @@ def test_verify_names_the_damaged_file_and_exits_1(tmp_path, finished_run):
     assert bad.returncode == 1
     rows = {r["name"]: r for r in json.loads(bad.stdout)}
     assert rows["step-00000030"]["status"] == "corrupt"
-    assert rows["step-00000030"]["why"] == "state.safetensors does not match its sha256 (corrupted)"
+    assert rows["step-00000030"]["why"] == "state.safetensors does not match its blake3 hash (corrupted)"
     assert rows["step-00000020"]["status"] == "incomplete"
     assert rows["step-00000020"]["why"] == "no manifest (an unfinished save)"
     one = scaletrain_cli("checkpoints", "verify", str(copy / "step-00000030"), "--json")

@@ -33,7 +33,7 @@ def staged(tmp_path, step: int, payload: bytes = b"weights") -> tuple:
     files = {".metadata": b"index", "trainer.json": b'{"step": %d}' % step, "__0_0.distcp": payload * 1000}
     for name, data in files.items():
         (folder / name).write_bytes(data)
-    entries = {name: FileEntry(len(data), hashlib.sha256(data).hexdigest()) for name, data in files.items()}
+    entries = {name: FileEntry(len(data), hashlib.sha256(data).hexdigest(), "sha256") for name, data in files.items()}
     return folder, Manifest(step=step, world_size=1, strategy="single", files=entries)
 
 

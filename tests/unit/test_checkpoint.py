@@ -1,5 +1,7 @@
 """Checkpoints in one process: format, manifest, verification, retention, exact resume."""
 
+import hashlib
+import hmac
 import json
 import os
 from datetime import datetime
@@ -53,10 +55,37 @@ def test_verification_catches_truncation_and_bit_flips(tmp_path, format, name):
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
-    with pytest.raises(ManifestError, match=rf"{name} does not match its sha256 \(corrupted\)"):
+    with pytest.raises(ManifestError, match=rf"{name} does not match its blake3 hash \(corrupted\)"):
         manifest.check_dir(folder)
     shard.write_bytes(bytes(data[:-10]))
     with pytest.raises(ManifestError, match=r"has \d+ bytes, the manifest says \d+ \(truncated\?\)"):
+        manifest.check_dir(folder)
+
+
+def test_a_format_1_manifest_with_sha256_and_its_hmac_still_verifies_and_resumes(tmp_path, monkeypatch):
+    """Checkpoints written before BLAKE3: sha256 entries, format 1, the HMAC over that JSON."""
+    monkeypatch.setenv("SCALETRAIN_CHECKPOINT_KEY", "the-key")
+    first = scaletrain.run(toy_job(tmp_path, train={"max_steps": 5}))
+    folder = checkpoints_of(first) / "step-00000005"
+    data = json.loads((folder / "manifest.json").read_text())
+    assert data["format"] == 2 and {tuple(sorted(entry)) for entry in data["files"].values()} == {("blake3", "size")}
+    data["format"] = 1
+    data["files"] = {name: {"size": entry["size"], "sha256": hashlib.sha256((folder / name).read_bytes()).hexdigest()}
+                     for name, entry in data["files"].items()}
+    del data["hmac"]
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    data["hmac"] = hmac.new(b"the-key", canonical.encode(), hashlib.sha256).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+    manifest = Manifest.from_json((folder / "manifest.json").read_text())
+    assert {entry.algorithm for entry in manifest.files.values()} == {"sha256"}
+    manifest.check_dir(folder)
+    resumed = scaletrain.resume(first["run_dir"], ["train.max_steps=8"])
+    assert resumed["resumed_from_step"] == 5 and resumed["steps"] == 8
+    state = folder / "state.safetensors"
+    flipped = bytearray(state.read_bytes())
+    flipped[-1] ^= 0x01
+    state.write_bytes(bytes(flipped))
+    with pytest.raises(ManifestError, match=r"state\.safetensors does not match its sha256 hash \(corrupted\)"):
         manifest.check_dir(folder)
 
 

@@ -106,13 +106,13 @@ def dcp_checkpoint(tmp_path_factory):
     optimizer.step()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
-    files = {p.name: FileEntry(p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+    files = {p.name: FileEntry(p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest(), "sha256")
              for p in folder.iterdir()}
     return folder, files
 
 
 def _with(files: dict, data: bytes) -> dict:
-    return {**files, ".metadata": FileEntry(len(data), hashlib.sha256(data).hexdigest())}
+    return {**files, ".metadata": FileEntry(len(data), hashlib.sha256(data).hexdigest(), "sha256")}
 
 
 def test_a_real_dcp_index_reads_with_the_allow_list(dcp_checkpoint):

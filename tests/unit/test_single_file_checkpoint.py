@@ -5,6 +5,7 @@ import hashlib
 import json
 import struct
 
+import blake3
 import pytest
 import torch
 
@@ -28,8 +29,10 @@ def test_the_state_comes_back_exactly_tuples_none_floats_and_tied_tensors(tmp_pa
     assert single_file.fits(state)
     written = single_file.save(state, tmp_path)
     data = (tmp_path / "state.safetensors").read_bytes()
-    assert written == {"state.safetensors": (len(data), hashlib.sha256(data).hexdigest())}
+    assert written == {"state.safetensors": (len(data), blake3.blake3(data).hexdigest())}
     single_file.check(tmp_path / "state.safetensors")
+    from safetensors.torch import load_file  # the file is safetensors' own format, read by the library alone
+    assert sorted(load_file(tmp_path / "state.safetensors")) == [str(i) for i in range(6)]
     loaded = single_file.load(tmp_path / "state.safetensors")
     assert loaded["optim"]["param_groups"][0]["betas"] == (0.9, 0.999)  # a tuple, not a list
     assert loaded["optim"]["param_groups"][0]["foreach"] is None
@@ -128,3 +131,66 @@ def test_the_whole_state_without_dcp_is_what_dcps_get_state_dict_gives():
     ours, dcps = state.whole_state(), dcp_io.state_of(model, optimizer)
     assert list(ours["optim"]["state"]) == ["emb.weight", "norm.weight"]
     assert _same(ours, dcps)
+
+
+def test_one_process_keeps_a_state_of_any_size_in_one_file(tmp_path, monkeypatch):
+    """With one rank there is no parallel write for DCP to win: the size limit is for several."""
+    monkeypatch.setattr(single_file, "SMALL_STATE_BYTES", 64)
+    summary = scaletrain.run(toy_job(tmp_path, train={"max_steps": 5}))
+    folder = tmp_path / "runs" / "toy" / summary["run_id"] / "checkpoints" / "step-00000005"
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "state.safetensors", "trainer.json"]
+    assert not single_file.fits(single_file.load(folder / "state.safetensors"), single_file.SMALL_STATE_BYTES)
+
+
+def _stepped(order=None):
+    torch.manual_seed(0)
+    model = _Tied()
+    params = [model.emb.weight, model.norm.weight, model.norm.bias]
+    groups = [{"params": params[:1], "weight_decay": 0.1}, {"params": params[1:], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups if order is None else [groups[i] for i in order], lr=0.01)
+    model.norm.bias.requires_grad_(False)  # never stepped: no optimizer state
+    for _ in range(2):
+        model(torch.tensor([1, 2])).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model, optimizer
+
+
+def _lists(item):
+    if isinstance(item, dict):
+        return {k: _lists(v) for k, v in item.items()}
+    return [_lists(v) for v in item] if isinstance(item, (list, tuple)) else item
+
+
+def _fresh(order=None):
+    model = _Tied()
+    model.norm.bias.requires_grad_(False)
+    params = [model.emb.weight, model.norm.weight, model.norm.bias]
+    groups = [{"params": params[:1], "weight_decay": 0.1}, {"params": params[1:], "weight_decay": 0.0}]
+    return model, torch.optim.AdamW(groups if order is None else [groups[i] for i in order], lr=0.01)
+
+
+@pytest.mark.parametrize("order", [None, (1, 0)])
+def test_a_whole_state_loads_without_dcp_as_dcps_set_state_dict_loads_it(tmp_path, order):
+    """The load puts back what DCP's set_state_dict puts back; groups in another order than the
+    saved ones go through DCP (it matches them by name)."""
+    from scaletrain.checkpoint import dcp_io
+    from scaletrain.checkpoint.state import ModelAndOptimizer
+
+    original = _stepped()
+    single_file.save(ModelAndOptimizer(*original).whole_state(), tmp_path)
+    ours, dcps = _fresh(order), _fresh(order)
+    direct = ModelAndOptimizer(*ours)._load_whole_state(single_file.load(tmp_path / "state.safetensors"))
+    assert direct is (order is None)
+    if not direct:
+        ModelAndOptimizer(*ours).load_dcp_state(single_file.load(tmp_path / "state.safetensors"), full=True)
+    dcp_io.set_state(*dcps, single_file.load(tmp_path / "state.safetensors"), full=True)
+    assert _same(ours[0].state_dict(), dcps[0].state_dict())
+    assert _same(_lists(ours[1].state_dict()), _lists(dcps[1].state_dict()))  # DCP gives tuples back as lists
+    if direct:  # exactly the saved optimizer's, tuples and all
+        assert _same(ours[1].state_dict(), original[1].state_dict())
+    assert len(ours[1].state) == 2  # emb.weight and norm.weight; the bias was never stepped
+    for model, optimizer in (ours, dcps):  # and both train on alike
+        model(torch.tensor([3])).sum().backward()
+        optimizer.step()
+    assert _same(ours[0].state_dict(), dcps[0].state_dict())

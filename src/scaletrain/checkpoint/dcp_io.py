@@ -1,7 +1,7 @@
 """The torch.distributed.checkpoint calls, in one module imported only when a checkpoint is
 written or read: importing DCP costs about a second, which a worker's start must not pay.
 
-Saves hash every file as DCP writes it (the manifest needs a sha256 per file): no second read
+Saves hash every file as DCP writes it (the manifest needs a hash per file): no second read
 of the checkpoint's bytes, and a large buffer is hashed in another thread while it is written
 (hashlib and the write both release the GIL), so a save costs about max(write, hash), not
 their sum.
@@ -15,11 +15,10 @@ back as one-line exceptions.
 from __future__ import annotations
 
 import copy
-import hashlib
 import io
 import warnings
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -43,14 +42,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from scaletrain.checkpoint.dcp_metadata import read_metadata
-from scaletrain.checkpoint.manifest import METADATA_FILE, FileEntry
+from scaletrain.checkpoint.manifest import METADATA_FILE, OVERLAP_MIN_BYTES, FileEntry, hash_in_background, new_hasher
 
 __all__ = ["state_of", "set_state", "model_state", "optimizer_state", "set_model_state",
            "set_optimizer_state", "save", "load", "Stager", "Written", "DcpError"]
 
-Written = dict[str, tuple[int, str]]  # file name -> (size, sha256), as written by this rank
-_OVERLAP_MIN_BYTES = 1 << 20  # below this, hashing inline is cheaper than a thread hand-off
-_hasher: ThreadPoolExecutor | None = None
+Written = dict[str, tuple[int, str]]  # file name -> (size, hash), as written by this rank
 
 # DCP announces "assuming single process" on every call without a process group.
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
@@ -117,16 +114,13 @@ class _HashingWriter:
 
     def __init__(self, file: Any):
         self._file = file
-        self._digest = hashlib.sha256()
+        self._digest = new_hasher()
         self.size = 0
 
     def write(self, data: Any) -> int:
-        global _hasher
         view = memoryview(data).cast("B")
-        if view.nbytes >= _OVERLAP_MIN_BYTES:
-            if _hasher is None:
-                _hasher = ThreadPoolExecutor(1, thread_name_prefix="scaletrain-hash")
-            hashed = _hasher.submit(self._digest.update, view)
+        if view.nbytes >= OVERLAP_MIN_BYTES:
+            hashed = hash_in_background(self._digest, [view])
             written = self._file.write(view)
             hashed.result()  # the buffer is only borrowed until write() returns
         else:
@@ -143,7 +137,7 @@ class _HashingWriter:
 
 
 class _HashingFileSystem(FileSystem):
-    """DCP's local file system, recording the size and sha256 of every file it writes."""
+    """DCP's local file system, recording the size and hash of every file it writes."""
 
     def __init__(self) -> None:
         self.written: Written = {}

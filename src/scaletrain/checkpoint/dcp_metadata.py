@@ -1,5 +1,5 @@
 """DCP's ``.metadata`` read as data: DCP itself reads it with a plain ``pickle.load``, which
-runs whatever code the file names, and a matching sha256 does not make it ours (whoever can
+runs whatever code the file names, and a matching hash does not make it ours (whoever can
 write the storage can re-hash it).
 
 The restricted unpickler resolves only the names a DCP index holds (its metadata dataclasses,
@@ -10,12 +10,11 @@ index may then point DCP only at files the manifest lists.
 from __future__ import annotations
 
 import functools
-import hashlib
 import io
 import pickle
 from typing import Any
 
-from scaletrain.checkpoint.manifest import METADATA_FILE, CheckpointRefused, FileEntry
+from scaletrain.checkpoint.manifest import METADATA_FILE, CheckpointRefused, FileEntry, bytes_digest
 
 __all__ = ["read_metadata"]
 
@@ -59,7 +58,7 @@ def read_metadata(data: bytes, files: dict[str, FileEntry]) -> Any:
     """DCP's Metadata from the bytes of ``.metadata``: they must hash to the manifest's entry,
     unpickle with the allow-list, and name as data files only files in ``files``."""
     entry = files.get(METADATA_FILE)
-    if entry is None or hashlib.sha256(data).hexdigest() != entry.sha256:
+    if entry is None or bytes_digest(data, entry.algorithm) != entry.digest:
         raise CheckpointRefused(f"{METADATA_FILE} is not the file the manifest lists: refused")
     try:
         metadata = _IndexUnpickler(io.BytesIO(data)).load()

@@ -127,7 +127,8 @@ class CheckpointManager:
         self.async_save = async_save
         self.fault_hook = fault_hook
         self.before_commit = before_commit  # rank 0: called before a checkpoint becomes one
-        # A small state every rank holds whole goes in one file from rank 0 (single_file.py);
+        # A state every rank holds whole goes in one file from rank 0 (single_file.py: any size
+        # with one process, a small one with several);
         # checkpoint.format: dcp turns it off.
         self.single_file = single_file and strategy in REPLICATED_STRATEGIES
         # Checkpoint collectives get their own gloo group: an async save's background thread
@@ -165,7 +166,8 @@ class CheckpointManager:
             except Exception as exc:
                 error = exc
         state = training_state.whole_state() if self.single_file and isinstance(training_state, DcpState) else None
-        ready, single = self._all_ready(name, error, state is not None and single_file.fits(state))
+        limit = single_file.SMALL_STATE_BYTES if self.world_size > 1 else None  # one writer either way
+        ready, single = self._all_ready(name, error, state is not None and single_file.fits(state, limit))
         if not ready:  # the barrier before the state is written
             return
         if not (self.async_save and training_state.supports_async):

@@ -1,8 +1,12 @@
 """The manifest: written last, it is what makes a folder of files a checkpoint.
 
-It lists the size and sha256 of every file, and what the checkpoint holds (step, world size,
+It lists the size and hash of every file, and what the checkpoint holds (step, world size,
 strategy, metrics, versions, run ids, config hash). A checkpoint whose manifest is missing, does
 not parse, or does not match its files does not exist for resume.
+
+Files are hashed with BLAKE3 (format 2): a cryptographic hash at 4-5 GB/s a core, where sha256
+runs at 1.4 (a verified load of a 576 MiB state spent 0.4 s on sha256 alone, more than
+torch.load). Manifests of format 1 list sha256 and are still read and verified.
 
 The hashes catch corruption, not tampering: whoever can write the storage can write a matching
 manifest. So the manifest is read as untrusted data: it may name only the files of a checkpoint's
@@ -17,8 +21,13 @@ import hmac
 import json
 import os
 import re
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
+
+import blake3
 
 from scaletrain.rundir import CHECKPOINT_KEY_ENV
 
@@ -35,8 +44,13 @@ __all__ = [
     "ManifestError",
     "CheckpointRefused",
     "file_path",
-    "sha256_file",
+    "HASH",
+    "new_hasher",
+    "file_digest",
+    "bytes_digest",
     "hash_files",
+    "hash_in_background",
+    "OVERLAP_MIN_BYTES",
 ]
 
 MANIFEST_FILE = "manifest.json"
@@ -44,8 +58,12 @@ METADATA_FILE = ".metadata"  # DCP's index of the checkpoint (a pickle)
 TRAINER_STATE_FILE = "trainer.json"
 STATE_FILE = "state.safetensors"  # a small unsharded state in one file (single_file.py)
 KEY_ENV = CHECKPOINT_KEY_ENV
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: files hashed with BLAKE3 (1: sha256, still read)
+HASH = "blake3"  # what a checkpoint written now records
+_HASHES = ("blake3", "sha256")  # what a manifest may name
 _CHUNK = 4 << 20
+OVERLAP_MIN_BYTES = 1 << 20  # below this, hashing inline is cheaper than a thread hand-off
+_hash_pool: ThreadPoolExecutor | None = None
 TF_INDEX_FILE = "tf.index"  # a TensorFlow job's checkpoint (TF's tensor bundle: tf.index, tf.data-*)
 # Every file a checkpoint has: DCP's index, the trainer's state and DCP's __<rank>_<n>.distcp;
 # or, for a TensorFlow job, TF's index and data shards.
@@ -65,7 +83,19 @@ class CheckpointRefused(ManifestError):
 @dataclass(frozen=True)
 class FileEntry:
     size: int
-    sha256: str
+    digest: str  # hex
+    algorithm: str = HASH
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the manifest lists it (and the HMAC covers it): {"size": n, "<algorithm>": hex}."""
+        return {"size": self.size, self.algorithm: self.digest}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FileEntry:
+        named = [name for name in _HASHES if name in data]
+        if len(named) != 1 or set(data) != {"size", *named}:
+            raise ValueError(f"a file entry has size and one hash of {', '.join(_HASHES)}, not {sorted(data)}")
+        return cls(int(data["size"]), str(data[named[0]]), named[0])
 
 
 @dataclass
@@ -84,9 +114,7 @@ class Manifest:
     hmac: str | None = None  # of everything else, with SCALETRAIN_CHECKPOINT_KEY (when it was set)
 
     def to_json(self) -> str:
-        data = asdict(self)
-        data["files"] = {name: asdict(entry) for name, entry in sorted(self.files.items())}
-        return json.dumps(data, indent=2, sort_keys=True)
+        return json.dumps(_as_data(self), indent=2, sort_keys=True)
 
     def sign(self) -> Manifest:
         """Add the HMAC when SCALETRAIN_CHECKPOINT_KEY is set (the writer's side)."""
@@ -105,7 +133,7 @@ class Manifest:
         only, and a valid HMAC when SCALETRAIN_CHECKPOINT_KEY is set."""
         try:
             data = json.loads(text)
-            files = {str(k): FileEntry(int(v["size"]), str(v["sha256"])) for k, v in data.pop("files").items()}
+            files = {str(k): FileEntry.from_dict(v) for k, v in data.pop("files").items()}
             if int(data.get("format", 0)) > FORMAT_VERSION:
                 raise ManifestError(
                     f"written by a newer scaletrain (format {data['format']}); upgrade scaletrain"
@@ -133,8 +161,8 @@ class Manifest:
             raise ManifestError(f"{name} is missing") from None
         if size != entry.size:
             raise ManifestError(f"{name} has {size} bytes, the manifest says {entry.size} (truncated?)")
-        if sha256_file(path) != entry.sha256:
-            raise ManifestError(f"{name} does not match its sha256 (corrupted)")
+        if file_digest(path, entry.algorithm) != entry.digest:
+            raise ManifestError(f"{name} does not match its {entry.algorithm} hash (corrupted)")
 
     def check_dir(self, directory: str | os.PathLike) -> None:
         """Verify every listed file under ``directory``."""
@@ -175,7 +203,7 @@ def _key() -> bytes | None:
 
 def _mac(key: bytes, manifest: Manifest) -> str:
     """HMAC-SHA256 of the manifest's canonical JSON (every field but the HMAC itself)."""
-    data = asdict(manifest)
+    data = _as_data(manifest)
     del data["hmac"]
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=True)
     return hmac.new(key, canonical.encode(), hashlib.sha256).hexdigest()
@@ -194,16 +222,50 @@ def _authenticate(manifest: Manifest) -> None:
         )
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
+def _as_data(manifest: Manifest) -> dict[str, Any]:
+    data = asdict(manifest)
+    data["files"] = {name: entry.to_dict() for name, entry in sorted(manifest.files.items())}
+    return data
+
+
+def new_hasher(algorithm: str = HASH) -> Any:
+    """A hash object (update, hexdigest); BLAKE3 on every core for large inputs. Both release
+    the GIL while they hash a large buffer."""
+    if algorithm == "blake3":
+        return blake3.blake3(max_threads=blake3.blake3.AUTO)
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"unknown hash {algorithm!r}")
+
+
+def hash_in_background(hasher: Any, parts: Iterable[Any]) -> Future:
+    """``hasher.update`` on each part in a thread of its own, while the caller writes the same
+    bytes (both release the GIL: a save costs about max(write, hash), not their sum). The parts
+    must not change until the future is done."""
+    global _hash_pool
+    if _hash_pool is None:
+        _hash_pool = ThreadPoolExecutor(1, thread_name_prefix="scaletrain-hash")
+    return _hash_pool.submit(lambda: [hasher.update(part) for part in parts])
+
+
+def bytes_digest(data: bytes | memoryview, algorithm: str = HASH) -> str:
+    hasher = new_hasher(algorithm)
+    hasher.update(data)
+    return hasher.hexdigest()
+
+
+def file_digest(path: str | os.PathLike, algorithm: str = HASH) -> str:
+    """The hex hash of a file's bytes (BLAKE3 maps the file and hashes it on every core)."""
+    hasher = new_hasher(algorithm)
+    if algorithm == "blake3":
+        hasher.update_mmap(os.fspath(path))
+        return hasher.hexdigest()
     with open(path, "rb") as handle:
         while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+            hasher.update(chunk)
+    return hasher.hexdigest()
 
 
 def hash_files(directory: str | os.PathLike, names: list[str]) -> dict[str, FileEntry]:
     root = Path(directory)
-    return {
-        name: FileEntry(os.path.getsize(root / name), sha256_file(root / name)) for name in names
-    }
+    return {name: FileEntry(os.path.getsize(root / name), file_digest(root / name)) for name in names}

@@ -23,7 +23,7 @@ from scaletrain.checkpoint.manifest import METADATA_FILE, STATE_FILE, FileEntry,
 
 __all__ = ["TrainingState", "DcpState", "ModelAndOptimizer", "LoopObjects", "plain_values", "Written"]
 
-# A file this rank wrote -> (size, sha256) hashed while it was written; a file missing here is
+# A file this rank wrote -> (size, hash) hashed while it was written; a file missing here is
 # hashed from disk.
 Written = dict[str, tuple[int, str]]
 
@@ -109,6 +109,8 @@ class ModelAndOptimizer(DcpState):
         return dcp_io.state_of(self.model, self.optimizer)
 
     def load_dcp_state(self, state: dict[str, Any], full: bool = False) -> None:
+        if self._load_whole_state(state):
+            return
         from scaletrain.checkpoint import dcp_io
 
         dcp_io.set_state(self.model, self.optimizer, state, full)
@@ -118,26 +120,59 @@ class ModelAndOptimizer(DcpState):
         without importing DCP (0.8 s, at a DDP job's first save, on every rank): the module's
         state_dict, the optimizer's state and groups keyed by parameter names (a tied
         parameter by its first name). Anything else (a compiled or wrapped module, a sharded
-        optimizer, a parameter the module does not name) goes through DCP."""
-        module = getattr(self.model, "module", self.model)  # DDP's wrapper adds nothing to the names
+        optimizer or parameter, a parameter the module does not name) goes through DCP."""
+        plain = self._plain()
+        if plain is None:
+            return self.dcp_state()
+        module, names, params = plain
         optimizer = self.optimizer
-        if hasattr(optimizer, "checkpoint_state") or not isinstance(module, torch.nn.Module):
-            return self.dcp_state()
-        model_state = module.state_dict()
-        if any(part in key for key in model_state for part in _WRAPPER_PREFIXES):
-            return self.dcp_state()
-        names: dict[int, str] = {}
-        for name, parameter in module.named_parameters():
-            names.setdefault(id(parameter), name)
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if any(id(p) not in names for p in params):
-            return self.dcp_state()
-        return {"model": model_state, "optim": {
+        return {"model": module.state_dict(), "optim": {
             "state": {names[id(p)]: dict(optimizer.state[p]) for p in params if p in optimizer.state},
             "param_groups": [{**{k: v for k, v in group.items() if k != "params"},
                               "params": [names[id(p)] for p in group["params"]]}
                              for group in optimizer.param_groups],
         }}
+
+    def _load_whole_state(self, state: dict[str, Any]) -> bool:
+        """whole_state's inverse, without DCP: its set_state_dict first runs a fake optimizer
+        step to create the state it then overwrites (half of a 576 MiB state's load). False
+        (nothing changed) when the objects or the state's groups are not plain ones."""
+        plain = self._plain()
+        optim = state.get("optim")
+        if plain is None or not isinstance(optim, dict) or not isinstance(optim.get("param_groups"), list):
+            return False
+        module, names, _params = plain
+        groups = self.optimizer.param_groups
+        saved = optim["param_groups"]
+        if len(saved) != len(groups) or any(
+                not isinstance(kept, dict) or kept.get("params") != [names[id(p)] for p in group["params"]]
+                for kept, group in zip(saved, groups)):
+            return False  # another order or grouping: DCP matches them by name
+        module.load_state_dict(state["model"])
+        # torch keys the saved state by the saved groups' entries, matched to the live groups in
+        # order: here the names
+        self.optimizer.load_state_dict({"state": dict(optim.get("state", {})), "param_groups": saved})
+        return True
+
+    def _plain(self) -> tuple[torch.nn.Module, dict[int, str], list[torch.nn.Parameter]] | None:
+        """(module, parameter names by id, the optimizer's parameters) when the model is a
+        plain module (or DDP's) with plain parameters and the optimizer a plain one over them:
+        the states whole_state takes and _load_whole_state puts back; None otherwise."""
+        module = getattr(self.model, "module", self.model)  # DDP's wrapper adds nothing to the names
+        if hasattr(self.optimizer, "checkpoint_state") or not isinstance(module, torch.nn.Module):
+            return None
+        names: dict[int, str] = {}
+        for name, parameter in module.named_parameters():
+            if type(parameter) not in (torch.Tensor, torch.nn.Parameter) or any(
+                    part in name for part in _WRAPPER_PREFIXES):
+                return None  # a DTensor's shard (FSDP, TP), a wrapped module's names
+            names.setdefault(id(parameter), name)
+        if any(part in name for name, _ in module.named_buffers() for part in _WRAPPER_PREFIXES):
+            return None
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        if any(id(p) not in names for p in params):
+            return None
+        return module, names, params
 
 
 class LoopObjects(DcpState):
