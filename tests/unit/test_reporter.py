@@ -192,3 +192,49 @@ def test_the_main_rank_writes_metrics_jsonl_at_the_console_cadence(tmp_path):
     reporter.on_end()
     assert context.step == 4
     assert train_steps(spec.out_dir / "metrics.jsonl") == [1, 2, 4]
+
+
+def test_a_window_of_columns_reaches_every_sink_as_the_same_reports_would(tmp_path):
+    """The loop hands its steps over as columns (ReportWindow): metrics.jsonl, the journal, the
+    JSON log and the live figures come out as from a list of the same StepReports, and a step's
+    dict is built only for a sink that keeps that step."""
+    from scaletrain.observe.telemetry import Telemetry, TelemetrySink
+    from scaletrain.tracking.journal_sink import JournalReporter
+    from scaletrain.tracking.reporter import ReportWindow
+
+    names = ["loss", "lr", "step_time_s", "samples_per_s", "data_wait_s"]
+    steps = list(range(1, 13))
+    window_rows = [[1.0 / s, 0.1, 0.01 * s, 100.0 + s, 0.001] for s in steps]
+    walls = [1000.0 + s for s in steps]
+    built = []
+
+    class Counted(ReportWindow):
+        def __getitem__(self, index):
+            built.append(index)
+            return super().__getitem__(index)
+
+    def outputs(batch, folder):
+        folder.mkdir()
+        records = []
+        logger = logging.getLogger(f"test.window.{folder.name}")
+        logger.addHandler(handler := logging.Handler())
+        handler.emit = records.append
+        logger.setLevel(logging.INFO)
+        telemetry = Telemetry(folder / "telemetry.json", every_s=0)
+        sinks = Reporters(MetricsFile(folder / "metrics.jsonl", every=5), JournalReporter(folder / "journal", every=2),
+                          LogReporter(logger, every=5), TelemetrySink(telemetry, 1, True))
+        sinks.on_start(total_steps=12, start_step=0)
+        sinks.on_train_metrics(batch)
+        sinks.on_end()
+        journal = sorted((folder / "journal").iterdir())
+        figures = json.loads((folder / "telemetry.json").read_text())["figures"]
+        return ((folder / "metrics.jsonl").read_text(), [p.read_text() for p in journal],
+                [(r.step, r.metrics) for r in records],
+                {name: value for name, value in figures.items() if "timestamp" not in name})
+
+    as_list = [StepReport(s, dict(zip(names, row)), w) for s, row, w in zip(steps, window_rows, walls)]
+    from_window = outputs(Counted(steps, names, window_rows, walls), tmp_path / "window")
+    assert from_window == outputs(as_list, tmp_path / "list")
+    assert "train/samples_per_s" in "".join(from_window[1]) and from_window[3]["steps_total"] == 12
+    assert train_steps(tmp_path / "window" / "metrics.jsonl") == [1, 5, 10, 12]
+    assert sorted(set(built)) == [0, 4, 9, 11]  # only the steps metrics.jsonl and the log keep

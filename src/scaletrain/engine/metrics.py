@@ -16,7 +16,7 @@ import torch
 
 from scaletrain.distributed import collectives
 from scaletrain.errors import ScaletrainError
-from scaletrain.tracking.reporter import Reporter, StepReport
+from scaletrain.tracking.reporter import Reporter, ReportWindow
 
 __all__ = ["StepOutput", "MetricsWindow", "TrainingDiverged", "step_time_summary", "mean_loss", "mean_metrics"]
 
@@ -65,16 +65,17 @@ class MetricsWindow:
         if out.report:
             self.pending.append(_Pending(step, out, time.perf_counter(), time.time(), self.data_wait))
 
-    def report(self, reporter: Reporter, global_batch: int, tokens_per_sample: int | None = None) -> list[StepReport]:
-        """Report every pending step; returns the reports, oldest first. ``tokens_per_sample``:
-        the task's (a sequence model's context), for tokens/s.
+    def report(self, reporter: Reporter, global_batch: int, tokens_per_sample: int | None = None) -> ReportWindow:
+        """Report every pending step; returns them, oldest first. ``tokens_per_sample``: the
+        task's (a sequence model's context), for tokens/s.
 
         One all-reduce packs the loss and every metric of every pending step: the mean over all
-        ranks. Gradient norms are the same on every rank after the gradient all-reduce."""
+        ranks. Gradient norms are the same on every rank after the gradient all-reduce. The
+        steps go to the sinks as columns (ReportWindow): no dict per step on this thread."""
         pending, self.pending = self.pending, []
         names = sorted(pending[0].out.metrics)
         width = 1 + len(names)
-        values = collectives.all_reduce(
+        rows = collectives.all_reduce(
             torch.stack([v for p in pending for v in (p.out.loss, *(p.out.metrics[n] for n in names))])  # type: ignore[misc]  # reported steps keep their loss
             .float()
             .view(len(pending), width),
@@ -83,29 +84,29 @@ class MetricsWindow:
         norms = None
         if pending[0].out.grad_norm is not None:
             norms = torch.stack([p.out.grad_norm for p in pending]).float().tolist()  # type: ignore[misc]  # checked on the first pending step: all or none
-        reports: list[StepReport] = []
+        columns = ["loss", *names, "lr", *(["grad_norm"] if norms is not None else []), "step_time_s",
+                   "samples_per_s", *(["tokens_per_s"] if tokens_per_sample else []), "data_wait_s"]
         for index, p in enumerate(pending):
-            loss = values[index][0]
-            if not math.isfinite(loss) and self.stop_on_nonfinite:
+            row = rows[index]
+            if not math.isfinite(row[0]) and self.stop_on_nonfinite:
                 raise TrainingDiverged(
-                    f"the loss became {loss} at step {p.step}; lower optim.lr, add warmup "
+                    f"the loss became {row[0]} at step {p.step}; lower optim.lr, add warmup "
                     "(optim.warmup_steps) or set train.clip_grad_norm"
                 )
             steps = p.step - self.start_step
             elapsed = p.ended - self.started
-            metrics = {"loss": loss, **dict(zip(names, values[index][1:]))}
-            metrics["lr"] = p.out.lr
+            rate = steps * global_batch / elapsed
+            row.append(p.out.lr)
             if norms is not None:
-                metrics["grad_norm"] = norms[index]
-            metrics["step_time_s"] = elapsed / steps
-            metrics["samples_per_s"] = steps * global_batch / elapsed
+                row.append(norms[index])
+            row += (elapsed / steps, rate)
             if tokens_per_sample:
-                metrics["tokens_per_s"] = metrics["samples_per_s"] * tokens_per_sample
-            metrics["data_wait_s"] = (p.data_wait - self.data_wait_at_start) / steps
+                row.append(rate * tokens_per_sample)
+            row.append((p.data_wait - self.data_wait_at_start) / steps)
             self.started, self.start_step, self.data_wait_at_start = p.ended, p.step, p.data_wait
-            reports.append(StepReport(p.step, metrics, p.wall_time))
-        reporter.on_train_metrics(reports)
-        return reports
+        window = ReportWindow([p.step for p in pending], columns, rows, [p.wall_time for p in pending])
+        reporter.on_train_metrics(window)
+        return window
 
 
 def step_time_summary(times: deque[float]) -> dict[str, float]:

@@ -144,25 +144,31 @@ class TelemetrySink:
             figures["first_step_timestamp_seconds"] = now
         self.telemetry.flush()
 
-    def on_train_metrics(self, reports: list[Any]) -> None:
+    def on_train_metrics(self, reports: Any) -> None:
         t = self.telemetry
-        for report in reports:
-            steps = report.step - (self.last_reported if self.last_reported is not None else report.step - 1)
-            self.last_reported = report.step
+        names = ("step_time_s", "samples_per_s", "tokens_per_s", "data_wait_s")
+        if hasattr(reports, "column"):  # the loop's ReportWindow: its columns, no dict per step
+            steps = reports.steps
+            times, rates, tokens, waits = (reports.column(name) for name in names)
+        else:  # StepReports (tracking/reporter.py)
+            steps = [report.step for report in reports]
+            times, rates, tokens, waits = ([report.metrics.get(name) for report in reports] for name in names)
+        for index, step in enumerate(steps):
+            steps = step - (self.last_reported if self.last_reported is not None else step - 1)
+            self.last_reported = step
             if steps <= 0:
                 continue
-            metrics = report.metrics
             t.add("steps_total", steps)
             if self.is_main:
                 t.work("step", steps)
-            step_time = metrics.get("step_time_s")
+            step_time = times[index]
             if step_time is not None:
                 t.observe("step_seconds", step_time, steps)
-                if (rate := metrics.get("samples_per_s")) is not None:
+                if (rate := rates[index]) is not None:
                     t.add("samples_total", rate * step_time * steps / self.world_size)
-                if (tokens := metrics.get("tokens_per_s")) is not None:
-                    t.add("tokens_total", tokens * step_time * steps / self.world_size)
-            if (wait := metrics.get("data_wait_s")) is not None:
+                if (count := tokens[index]) is not None:
+                    t.add("tokens_total", count * step_time * steps / self.world_size)
+            if (wait := waits[index]) is not None:
                 t.add("data_wait_seconds_total", wait * steps)
         t.flush()
 

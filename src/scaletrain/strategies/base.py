@@ -51,14 +51,17 @@ class Strategy(ABC):
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
         """Clip the global gradient norm in place and return the norm before clipping."""
-        norm = self.grad_norm(model)
-        nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
+        params = list(model.parameters())  # one walk of the module tree a step, not two
+        norm = self._grad_norm(params)
+        nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         return norm
 
     def grad_norm(self, model: nn.Module) -> torch.Tensor:
         """The global gradient norm, without changing any gradient (a plain tensor, also
         when gradients are sharded DTensors)."""
-        params = list(model.parameters())
+        return self._grad_norm(list(model.parameters()))
+
+    def _grad_norm(self, params: list[nn.Parameter]) -> torch.Tensor:
         grads = [p.grad for p in params if p.grad is not None]
         if not grads:
             return torch.zeros((), device=params[0].device if params else None)

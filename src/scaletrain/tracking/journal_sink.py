@@ -8,10 +8,11 @@ interpreter lock nor its start-up with a sender thread.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from scaletrain.tracking.journal import MetricJournal
-from scaletrain.tracking.reporter import NullReporter, StepReport
+from scaletrain.tracking.reporter import NullReporter, ReportWindow, StepReport, kept_indices, steps_of
 
 __all__ = ["JournalReporter"]
 
@@ -27,31 +28,39 @@ class JournalReporter(NullReporter):
         self.total_steps = total_steps
         self.recorded = self.journal.last_steps()
 
-    def _record(self, prefix: str, reports: list[StepReport]) -> None:
+    def _record(self, prefix: str, reports: Sequence[StepReport], indices: list[int]) -> None:
         done = self.recorded.get(prefix, 0)  # steps redone after a restart are journaled already
-        reports = [r for r in reports if r.step > done]
-        if not reports:
+        steps = steps_of(reports)
+        indices = [i for i in indices if steps[i] > done]
+        if not indices:
             return
-        names = list(reports[0].metrics)
-        if len(reports) > 1 and all(list(r.metrics) == names for r in reports):
-            # A window of steps that name the same metrics: one line (the common case).
+        if isinstance(reports, ReportWindow) and len(indices) > 1:
+            # The loop's window: its columns are the line's (the common case), no dict per step.
             self.journal.append_window(
-                [r.step for r in reports], [int(r.wall_time * 1000) for r in reports],
+                [reports.steps[i] for i in indices], [int(reports.wall_times[i] * 1000) for i in indices],
+                [f"{prefix}/{name}" for name in reports.names], [reports.rows[i] for i in indices],
+            )
+            return
+        kept = [reports[i] for i in indices]
+        names = list(kept[0].metrics)
+        if len(kept) > 1 and all(list(r.metrics) == names for r in kept):
+            # A batch of steps that name the same metrics (a loop's own reports): one line.
+            self.journal.append_window(
+                [r.step for r in kept], [int(r.wall_time * 1000) for r in kept],
                 [f"{prefix}/{name}" for name in names],
-                [[float(v) for v in r.metrics.values()] for r in reports],
+                [[float(v) for v in r.metrics.values()] for r in kept],
             )
             return
         self.journal.append([
             (r.step, int(r.wall_time * 1000), {f"{prefix}/{k}": float(v) for k, v in r.metrics.items()})
-            for r in reports
+            for r in kept
         ])
 
-    def on_train_metrics(self, reports: list[StepReport]) -> None:
-        every, last = self.every, self.total_steps
-        self._record("train", [r for r in reports if r.step % every == 0 or r.step in (1, last)])
+    def on_train_metrics(self, reports: Sequence[StepReport]) -> None:
+        self._record("train", reports, kept_indices(reports, self.every, self.total_steps))
 
     def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self._record("eval", [StepReport(step, metrics, time.time())])
+        self._record("eval", [StepReport(step, metrics, time.time())], [0])
 
     def on_end(self) -> None:
         self.journal.close()

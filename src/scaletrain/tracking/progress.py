@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ class ProgressBar(NullReporter):
     def on_step(self, step: int) -> None:
         self._progress.update(self._task_id, completed=step)
 
-    def on_train_metrics(self, reports: list[StepReport]) -> None:
+    def on_train_metrics(self, reports: Sequence[StepReport]) -> None:
         metrics = reports[-1].metrics  # any runner's: loss and speed only when it reports them
         loss, speed = metrics.get("loss"), metrics.get("samples_per_s")
         self._progress.update(
