@@ -4,10 +4,12 @@ of them; adding an engine means a Launcher module and a line in LAUNCHERS."""
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from scaletrain.config.schema import JobConfig
 from scaletrain.launch.base import Launcher
+
+if TYPE_CHECKING:  # light to import: a warm worker's client (warm_client.py) lives in this package
+    from scaletrain.config.schema import JobConfig
 
 __all__ = ["Launcher", "LAUNCHERS", "launcher_name", "launcher_for"]
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from scaletrain.config.schema import JobConfig
 from scaletrain.errors import RunPreempted
 from scaletrain.rundir import RunSpec
+
+if TYPE_CHECKING:
+    from scaletrain.config.schema import JobConfig
 
 __all__ = ["Launcher", "checked_result"]
 

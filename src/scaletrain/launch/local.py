@@ -1,8 +1,9 @@
 """Workers on this machine, started by torch.distributed elastic (what torchrun uses); with
 ``scale.nodes``, one such launcher per machine, meeting through the rendezvous (rendezvous.py).
 
-On one machine every store listens on 127.0.0.1 alone. Workers are fresh interpreters running
-``python -m scaletrain.launch.worker``, as torchrun starts a script. When a worker fails the
+On one machine every store listens on 127.0.0.1 alone. Workers run ``python -m
+scaletrain.launch.worker``, forked from a process that has imported torch once
+(warm_workers.py), or as fresh interpreters, as torchrun starts a script. When a worker fails the
 agent stops the others; we surface the root cause.
 """
 
@@ -24,6 +25,8 @@ from scaletrain.errors import RunInterrupted, StopTimedOut, WorkerFailedError
 from scaletrain.launch.base import Launcher, checked_result
 from scaletrain.launch.rendezvous import Rendezvous
 from scaletrain.launch.rendezvous import register as register_rendezvous
+from scaletrain.launch.warm_workers import WarmWorkers
+from scaletrain.launch.warm_workers import enabled as warm_workers_enabled
 from scaletrain.observe.telemetry import current as telemetry
 from scaletrain.recovery.root_cause import failure_files, holds_hang, worker_error
 from scaletrain.rundir import RESTART_COUNT_ENV, RunSpec
@@ -98,9 +101,14 @@ class LocalLauncher(Launcher):
         # exits, under ranks still in destroy_process_group (they abort, SIGABRT).
         worker_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **rendezvous.worker_env(), **config_env}
         restore_env = _set_environ(worker_env)  # the agent starts the workers with this env
+        # Workers forked from one process that imported torch once (warm_workers.py): it
+        # imports while the agent sets up, and every restart forks fresh workers from it.
+        warm = WarmWorkers() if self.worker_module == WORKER and warm_workers_enabled() else None
+        command = (warm.command(self.worker_module, str(spec_file)) if warm is not None
+                   else ("-m", self.worker_module, str(spec_file)))
         forwarder = _StopForwarder(self.grace_period_s).install()
         try:
-            elastic_launch(config, sys.executable)("-m", self.worker_module, str(spec_file))
+            elastic_launch(config, sys.executable)(*command)
         except ChildFailedError as exc:
             if forwarder.killed is not None:  # the grace period after a stop ran out
                 raise StopTimedOut(forwarder.killed, self.grace_period_s, spec.run_dir) from None
@@ -121,6 +129,8 @@ class LocalLauncher(Launcher):
             raise RunInterrupted(exc.sigval.name, int(exc.sigval)) from None
         finally:
             forwarder.restore()
+            if warm is not None:
+                warm.close()
             restore()
             restore_env()
             if self.rendezvous is None:
