@@ -21,8 +21,9 @@ import hmac
 import json
 import os
 import re
+import threading
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,6 @@ HASH = "blake3"  # what a checkpoint written now records
 _HASHES = ("blake3", "sha256")  # what a manifest may name
 _CHUNK = 4 << 20
 OVERLAP_MIN_BYTES = 1 << 20  # below this, hashing inline is cheaper than a thread hand-off
-_hash_pool: ThreadPoolExecutor | None = None
 TF_INDEX_FILE = "tf.index"  # a TensorFlow job's checkpoint (TF's tensor bundle: tf.index, tf.data-*)
 # Every file a checkpoint has: DCP's index, the trainer's state and DCP's __<rank>_<n>.distcp;
 # or, for a TensorFlow job, TF's index and data shards.
@@ -241,11 +241,21 @@ def new_hasher(algorithm: str = HASH) -> Any:
 def hash_in_background(hasher: Any, parts: Iterable[Any]) -> Future:
     """``hasher.update`` on each part in a thread of its own, while the caller writes the same
     bytes (both release the GIL: a save costs about max(write, hash), not their sum). The parts
-    must not change until the future is done."""
-    global _hash_pool
-    if _hash_pool is None:
-        _hash_pool = ThreadPoolExecutor(1, thread_name_prefix="scaletrain-hash")
-    return _hash_pool.submit(lambda: [hasher.update(part) for part in parts])
+    must not change until the future is done. The thread ends with the hash (none is left
+    behind a run that ends in the caller's process)."""
+    done: Future = Future()
+
+    def run() -> None:
+        try:
+            for part in parts:
+                hasher.update(part)
+        except BaseException as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+
+    threading.Thread(target=run, name="scaletrain-hash", daemon=True).start()
+    return done
 
 
 def bytes_digest(data: bytes | memoryview, algorithm: str = HASH) -> str:

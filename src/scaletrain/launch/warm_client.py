@@ -62,7 +62,8 @@ def main(argv: list[str]) -> None:
         sys.stderr.flush()
         os._exit(1)
     if code < 0:  # killed by a signal: end the same way, so the agent sees the same exit
-        signal.signal(-code, signal.SIG_DFL)
+        if -code in FORWARDED:
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         os._exit(128 - code)  # a signal whose default is not to end a process
     os._exit(code & 0xFF)

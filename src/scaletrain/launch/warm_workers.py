@@ -13,7 +13,7 @@ dies (SIGKILL from the agent), its worker is killed with it.
 
 A fork is safe here because this process does nothing but wait: one Python thread, CUDA never
 initialized (checked before every fork; otherwise the client starts the worker itself, as
-before). The socket is in a folder only this user can open. ``SCALETRAIN_WARM_WORKERS=0``
+before), as a DataLoader's workers are forked from a process that imported torch. The socket is in a folder only this user can open. ``SCALETRAIN_WARM_WORKERS=0``
 turns it off.
 """
 
@@ -55,10 +55,18 @@ class WarmWorkers:
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="scaletrain-workers-"))  # 0700
         self.socket = self.folder / SOCKET_NAME
-        self.process = subprocess.Popen(  # noqa: S603  our module, no shell
-            [sys.executable, "-m", "scaletrain.launch.warm_workers", str(self.socket)],
-            stdin=subprocess.PIPE, close_fds=True,
-        )
+        # Listening before the process starts: a client that comes first waits in the backlog
+        # (one that found no socket would start its worker the slow way).
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(str(self.socket))
+        listener.listen(64)
+        try:
+            self.process = subprocess.Popen(  # noqa: S603  our module, no shell
+                [sys.executable, "-m", "scaletrain.launch.warm_workers", str(listener.fileno())],
+                stdin=subprocess.PIPE, pass_fds=(listener.fileno(),),
+            )
+        finally:
+            listener.close()  # the warm process holds it now
 
     def command(self, module: str, *args: str) -> tuple[str, ...]:
         """The arguments after ``python`` that start ``python -m module args`` through it."""
@@ -98,12 +106,10 @@ def _fork_safe() -> bool:
     return threading.active_count() == 1 and not torch.cuda.is_initialized()
 
 
-def serve(path: str) -> _Request | None:
-    """This process's loop; returns in a forked worker (its request), None when the launcher
-    is gone (its stdin closed)."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(path)
-    listener.listen(64)
+def serve(listening_fd: int) -> _Request | None:
+    """This process's loop on the launcher's listening socket; returns in a forked worker (its
+    request), None when the launcher is gone (its stdin closed)."""
+    listener = socket.socket(fileno=listening_fd)
     for module in PRELOAD:  # clients queue on the socket meanwhile
         __import__(module)
     wake_r, wake_w = socket.socketpair()
@@ -242,7 +248,10 @@ def become(request: _Request) -> None:
 
 
 def main() -> None:
-    request = serve(sys.argv[1])
+    # Should anything imported here ask whether CUDA is there, NVML answers: the CUDA runtime
+    # must not start in a process that forks (a worker takes the client's environment).
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    request = serve(int(sys.argv[1]))
     if request is not None:
         become(request)
 
