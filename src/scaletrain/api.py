@@ -74,12 +74,16 @@ def run(
     # job and its pre-flight pass: bad input leaves no run directory behind.
     lock = RunLock(spec.run_dir, spec.run_id, node_rank)
     warm = _warm_tracker(config, node_rank)
+    workers = _warm_workers(config, rendezvous)
     try:
-        return _launch(config, spec, started_at, tracking_tags, rendezvous=rendezvous, lock=lock, warm=warm)
+        return _launch(config, spec, started_at, tracking_tags, rendezvous=rendezvous, lock=lock, warm=warm,
+                       warm_workers=workers)
     finally:
         lock.release()
         if warm is not None:
             warm.discard()
+        if workers is not None:
+            workers.close()
 
 
 def resume(
@@ -108,11 +112,14 @@ def resume(
     with lock:
         config = JobConfig.model_validate(spec.job)
         warm = _warm_tracker(config, spec.node_rank)
+        workers = _warm_workers(config, None)
         try:
-            return _launch(config, spec, started_at, None, notes, warm=warm)
+            return _launch(config, spec, started_at, None, notes, warm=warm, warm_workers=workers)
         finally:
             if warm is not None:
                 warm.discard()
+            if workers is not None:
+                workers.close()
 
 
 def _git_state() -> Any:
@@ -133,6 +140,18 @@ def _warm_tracker(config: JobConfig, node_rank: int) -> Any:
     from scaletrain.tracking.tracker_handle import WarmTracker
 
     return WarmTracker(config)
+
+
+def _warm_workers(config: JobConfig, rendezvous: Any) -> Any:
+    """The process the local engine forks its workers from, started now: it imports torch and
+    the worker's code while this process starts up and checks the job (launch/warm_workers.py)."""
+    from scaletrain.launch import launcher_name
+    from scaletrain.launch.warm_workers import WarmWorkers, enabled
+
+    several_nodes = config.scale.node_range[1] > 1
+    if not enabled() or config.script is not None or (launcher_name(config, rendezvous) != "local" and not several_nodes):
+        return None
+    return WarmWorkers()
 
 
 def _join_driver(config: JobConfig, run_id: str | None, node_rank: int) -> tuple[Any, dict]:
@@ -170,6 +189,7 @@ def _open_rendezvous(config: JobConfig, spec: Any) -> Any:
 def _launch(
     config: JobConfig, spec: Any, started_at: float, tracking_tags: dict[str, str] | None,
     notes: Sequence[str] = (), rendezvous: Any = None, lock: Any = None, warm: Any = None,
+    warm_workers: Any = None,
 ) -> dict[str, Any]:
     # The run card's git state, taken here (beside torch's import) for the workers: a worker
     # must not start git while its DataLoader forks (rundir/spec.py RunSpec.git).
@@ -210,6 +230,8 @@ def _launch(
     if config.scale.node_range[1] > 1 and rendezvous is None:
         rendezvous = _open_rendezvous(config, spec)
     launcher = launcher_for(config, rendezvous)
+    if warm_workers is not None and hasattr(launcher, "warm_workers"):  # the local engine's
+        launcher.warm_workers = warm_workers
     spec.git = git.result()
     spec.logs_dir.mkdir(parents=True, exist_ok=True)
     _write_redacted_job(config, Path(spec.run_dir) / JOB_FILE)

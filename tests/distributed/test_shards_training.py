@@ -85,6 +85,7 @@ def test_preempted_on_two_workers_resumed_on_one_reads_the_same_global_batches(t
     assert len({i for batch in global_batches for i in batch}) == steps * 32  # 40 x 32 of 2048: no repeat
 
     job = shard_job(tmp_path / "run", tmp_path / "ids")
+    job["task"]["args"]["step_sleep"] = 0.02  # a stop is agreed within a quarter second: the run must last longer
     monkeypatch.setenv(FAULT_ENV, "sigterm:rank=0:step=17")
     with pytest.raises(RunPreempted) as stopped:
         scaletrain.run(job)

@@ -70,7 +70,9 @@ def test_a_stateless_stream_is_read_again_and_skipped_with_one_warning(tmp_path,
 
 
 def test_preempted_on_two_workers_resumed_on_one_reads_the_same_batches(tmp_path, monkeypatch, reference):
-    stopped_at, resumed = preempt_then_resume_on_one_worker(stream_job(tmp_path, stateful=True), monkeypatch)
+    # Slow steps: a stop is agreed within a quarter second, so the run must last longer.
+    job = stream_job(tmp_path, stateful=True, step_sleep=0.02)
+    stopped_at, resumed = preempt_then_resume_on_one_worker(job, monkeypatch)
     said = worker_lines(resumed, "resuming the training stream at sample")
     samples_in_pass = (stopped_at % 16) * 32  # 16 steps of 32 samples a pass
     assert [e["message"] for e in said][-1] == (

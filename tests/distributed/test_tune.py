@@ -27,6 +27,8 @@ def test_a_search_with_asha_nests_its_trials_and_writes_the_best_job(tmp_path):
         train={"max_steps": 40, "eval_every": 10, "log_every": 10},
         checkpoint={"every_steps": 10},
         tracking={"enabled": True, "uri": uri, "experiment": "search", "log_model": False},
+        # Slow steps (2 s a trial): ASHA's stop must reach a trial before its last step.
+        task={"args": {"step_sleep": 0.05}},
     )
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job))

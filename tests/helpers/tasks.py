@@ -231,9 +231,10 @@ class StreamingToyTask(ToyTask):
 
 class RecordingCorpusLM:
     """examples/shards/'s CorpusLM that appends each training micro-batch's sample ids to
-    ``record``/rank-<rank>.jsonl (a new attempt starts the file again): the samples each rank read."""
+    ``record``/rank-<rank>.jsonl (a new attempt starts the file again): the samples each rank read;
+    ``step_sleep``: seconds each training step sleeps (a run that lasts long enough to stop)."""
 
-    def __new__(cls, record: str, **args):
+    def __new__(cls, record: str, step_sleep: float = 0.0, **args):
         import sys
         from pathlib import Path
 
@@ -253,6 +254,8 @@ class RecordingCorpusLM:
                 if model.training:
                     self._ids.write(json.dumps(batch[2].tolist()) + "\n")
                     self._ids.flush()
+                    if step_sleep:
+                        time.sleep(step_sleep)
                 return super().loss(model, batch)
 
         return Recording()

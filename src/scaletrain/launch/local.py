@@ -58,6 +58,8 @@ class LocalLauncher(Launcher):
         self.grace_period_s = grace_period_s
         self.rendezvous = rendezvous  # several nodes: opened by the caller; else one machine's
         self.job_workers = job_workers  # on all nodes together
+        # The caller's warm workers (started as the job was read; it closes them), else ours
+        self.warm_workers: WarmWorkers | None = None
 
     @classmethod
     def from_job(cls, job: JobConfig, rendezvous: Rendezvous | None = None) -> LocalLauncher:
@@ -103,7 +105,12 @@ class LocalLauncher(Launcher):
         restore_env = _set_environ(worker_env)  # the agent starts the workers with this env
         # Workers forked from one process that imported torch once (warm_workers.py): it
         # imports while the agent sets up, and every restart forks fresh workers from it.
-        warm = WarmWorkers() if self.worker_module == WORKER and warm_workers_enabled() else None
+        warm = self.warm_workers
+        own_warm = warm is None and self.worker_module == WORKER and warm_workers_enabled()
+        if own_warm:
+            warm = WarmWorkers()
+        elif self.worker_module != WORKER:
+            warm = None
         command = (warm.command(self.worker_module, str(spec_file)) if warm is not None
                    else ("-m", self.worker_module, str(spec_file)))
         forwarder = _StopForwarder(self.grace_period_s).install()
@@ -129,7 +136,7 @@ class LocalLauncher(Launcher):
             raise RunInterrupted(exc.sigval.name, int(exc.sigval)) from None
         finally:
             forwarder.restore()
-            if warm is not None:
+            if own_warm and warm is not None:
                 warm.close()
             restore()
             restore_env()
