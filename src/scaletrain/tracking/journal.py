@@ -1,8 +1,10 @@
 """The metric journal: every point is on local disk before anyone tries to send it.
 
 ``metrics.journal.jsonl`` holds points in order: one line per report window (its first
-sequence number, the steps, their timestamps, the metric names once, a row of values per step:
-one ``json.dumps`` per window, rank 0's training thread pays ~1 us a step for it), or one line
+sequence number, the steps, their timestamps, the metric names once, and the values, a row per
+step, as little-endian float64 in base64: writing floats as JSON text cost rank 0's training
+thread ~10 us a step for 9 metrics, packing them ~1 us; lines with the values as JSON rows
+are still read), or one line
 per step (an evaluation, a window whose steps name different metrics, and journals written
 before windows were); one write per report. ``metrics.journal.sent`` holds the highest sequence number delivered together
 with everything before it. A later attempt (or the same one after an outage) sends what lies
@@ -12,7 +14,9 @@ the same point, and MLflow's SQL store keeps it once.
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +42,8 @@ def _points(entry: dict) -> list[MetricPoint]:
     if "steps" in entry:  # a report window
         keys, points = entry["keys"], []
         width = len(keys)
-        rows = zip(entry["steps"], entry["ts"], entry["values"], strict=True)
+        values = entry["values"] if "values" in entry else _unpack(entry["f64"], width, len(entry["steps"]))
+        rows = zip(entry["steps"], entry["ts"], values, strict=True)
         for number, (step, timestamp, row) in enumerate(rows):
             if len(row) != width:
                 raise ValueError("a row without a value for every key")
@@ -48,6 +53,21 @@ def _points(entry: dict) -> list[MetricPoint]:
         return points
     return [MetricPoint(seq + index, key, value, entry["step"], entry["ts"])
             for index, (key, value) in enumerate(entry["values"].items())]
+
+
+def _pack(rows: list[list[float]], width: int) -> str:
+    flat = [value for row in rows for value in row]
+    if len(flat) != width * len(rows):
+        raise ValueError("a row without a value for every key")
+    return base64.b64encode(struct.pack(f"<{len(flat)}d", *flat)).decode("ascii")
+
+
+def _unpack(text: str, width: int, count: int) -> list[tuple[float, ...]]:
+    raw = base64.b64decode(text, validate=True)
+    if len(raw) != 8 * width * count:
+        raise ValueError("a window whose values do not fill its rows")
+    flat = struct.unpack(f"<{width * count}d", raw)
+    return [flat[index:index + width] for index in range(0, width * count, width)]
 
 
 class MetricJournal:
@@ -109,7 +129,7 @@ class MetricJournal:
         with self._lock:
             self._open()
             line = json.dumps({"seq": self._next_seq, "steps": steps, "ts": timestamps_ms, "keys": keys,
-                               "values": rows})
+                               "f64": _pack(rows, len(keys))})
             self._next_seq += len(steps) * len(keys)
             assert self._file is not None  # noqa: S101  opened above
             self._file.write(line + "\n")

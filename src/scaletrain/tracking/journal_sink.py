@@ -23,6 +23,7 @@ class JournalReporter(NullReporter):
         self.every = every
         self.total_steps: int | None = 0
         self.recorded: dict[str, int] = {}
+        self._cached_keys: tuple[tuple[str, list[str]], list[str]] | None = None
 
     def on_start(self, total_steps: int | None, start_step: int) -> None:
         self.total_steps = total_steps
@@ -36,9 +37,11 @@ class JournalReporter(NullReporter):
             return
         if isinstance(reports, ReportWindow) and len(indices) > 1:
             # The loop's window: its columns are the line's (the common case), no dict per step.
+            whole = len(indices) == len(steps)  # every step kept (tracking every step): no copies
             self.journal.append_window(
-                [reports.steps[i] for i in indices], [int(reports.wall_times[i] * 1000) for i in indices],
-                [f"{prefix}/{name}" for name in reports.names], [reports.rows[i] for i in indices],
+                steps if whole else [steps[i] for i in indices],
+                [int(reports.wall_times[i] * 1000) for i in indices],
+                self._keys(prefix, reports.names), reports.rows if whole else [reports.rows[i] for i in indices],
             )
             return
         kept = [reports[i] for i in indices]
@@ -55,6 +58,13 @@ class JournalReporter(NullReporter):
             (r.step, int(r.wall_time * 1000), {f"{prefix}/{k}": float(v) for k, v in r.metrics.items()})
             for r in kept
         ])
+
+    def _keys(self, prefix: str, names: list[str]) -> list[str]:
+        """The journal's keys for a window's metric names (the same every window: made once)."""
+        cached = self._cached_keys
+        if cached is None or cached[0] != (prefix, names):
+            cached = self._cached_keys = ((prefix, list(names)), [f"{prefix}/{name}" for name in names])
+        return cached[1]
 
     def on_train_metrics(self, reports: Sequence[StepReport]) -> None:
         self._record("train", reports, kept_indices(reports, self.every, self.total_steps))
