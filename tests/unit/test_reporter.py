@@ -7,7 +7,7 @@ from scaletrain.config import parse_job
 from scaletrain.observe.telemetry import read_step_mark
 from scaletrain.rundir import RunSpec
 from scaletrain.tracking.logs import LogContext
-from scaletrain.tracking.reporter import LogReporter, MetricsFile, Reporters, StepReport
+from scaletrain.tracking.reporter import LogReporter, MetricsFile, NullReporter, Reporters, StepReport
 from scaletrain.tracking.worker_sinks import worker_reporter
 from tests.helpers.tasks import toy_job
 
@@ -238,3 +238,27 @@ def test_a_window_of_columns_reaches_every_sink_as_the_same_reports_would(tmp_pa
     assert "train/samples_per_s" in "".join(from_window[1]) and from_window[3]["steps_total"] == 12
     assert train_steps(tmp_path / "window" / "metrics.jsonl") == [1, 5, 10, 12]
     assert sorted(set(built)) == [0, 4, 9, 11]  # only the steps metrics.jsonl and the log keep
+
+
+def test_a_step_keeps_its_metrics_without_a_graph_and_the_report_makes_any_kind_a_scalar():
+    """A reported step keeps its task's metrics as they are, save one with a graph (detached
+    at once: kept, it would hold the graph's tensors until the report); at the report a float,
+    a 1-element tensor and a scalar tensor all become the same mean."""
+    import torch
+
+    from scaletrain.engine.metrics import MetricsWindow, StepOutput, mean_metrics
+
+    weight = torch.ones(3, requires_grad=True)
+    plain = torch.tensor(0.5)
+    kept = mean_metrics([{"plain": plain, "graph": (weight * 2).sum()}], torch.device("cpu"))
+    assert kept["plain"] is plain and not kept["graph"].requires_grad and kept["graph"].item() == 6.0
+
+    class Sink(NullReporter):
+        def on_train_metrics(self, reports):
+            self.rows = [(r.step, r.metrics["m"], r.metrics["loss"]) for r in reports]
+
+    window, sink = MetricsWindow(0.0, 0), Sink()
+    for step, metric in enumerate([torch.tensor(0.25), 0.5, torch.tensor([0.75])], start=1):
+        window.add(StepOutput(torch.tensor(float(step)), {"m": metric}, None, 0.1, 0.0, True), step)
+    window.report(sink, global_batch=8)
+    assert sink.rows == [(1, 0.25, 1.0), (2, 0.5, 2.0), (3, 0.75, 3.0)]
