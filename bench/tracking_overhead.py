@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -104,20 +105,46 @@ def critical_path(job_file: str, blocks: int) -> dict:
     for reporter, _ in settings.values():
         reporter.on_start(shared.max_steps, 0)
 
+    # The reporting path timed in place: all the loop's per-step reporting work is in
+    # MetricsWindow.add (keep a step's values) and .report (every sink), and mean_metrics.
+    import scaletrain.engine.trainer as trainer_module
+    from scaletrain.engine.metrics import MetricsWindow
+
+    in_path = {name: 0 for name in settings}
+    current = ["off"]
+
+    def timed(function: Callable) -> Callable:
+        def call(*args, **kwargs):
+            started = time.perf_counter_ns()  # (the thread CPU clock is a system call here: 2 us a read)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                in_path[current[0]] += time.perf_counter_ns() - started
+        return call
+
+    originals = (MetricsWindow.add, MetricsWindow.report, trainer_module.mean_metrics)
+    MetricsWindow.add, MetricsWindow.report = timed(MetricsWindow.add), timed(MetricsWindow.report)  # type: ignore[method-assign]
+    trainer_module.mean_metrics = timed(trainer_module.mean_metrics)
+
     def setting(name: str) -> Callable[[], None]:
         def apply() -> None:
             shared.reporter, shared.report_every = settings[name]
+            current[0] = name
         return apply
 
-    times, cpu = alternating_blocks(shared, batches, {name: setting(name) for name in settings}, blocks, BLOCK_STEPS)
+    try:
+        times, cpu = alternating_blocks(shared, batches, {name: setting(name) for name in settings}, blocks, BLOCK_STEPS)
+    finally:
+        MetricsWindow.add, MetricsWindow.report, trainer_module.mean_metrics = originals  # type: ignore[method-assign]
+    path_us = {name: ns / 1e3 / ((blocks + 1) * BLOCK_STEPS) for name, ns in in_path.items()}
     for reporter, _ in settings.values():
         reporter.on_end()
     med = {name: statistics.median(v) * 1e6 for name, v in times.items()}
     med_cpu = {name: statistics.median(v) * 1e6 for name, v in cpu.items()}
     paired = [b / a - 1 for a, b in zip(cpu["off"], cpu["every step"])]
-    # The least CPU a block of each setting took: another tenant's load only adds to a block
-    # (cache, memory bandwidth), so the minimum is the steadiest figure here (A/A-checked: the
-    # paired median moved 15-30 us between identical runs, the minimum 10-18 us).
+    # Whole blocks, two ways: their paired median and the least CPU a block of each setting
+    # took. On this shared machine both move by more than the figure (identical runs: paired
+    # 5-45 us, least 6-39 us), hence the reporting path's time measured in place as well.
     least = {name: min(v) * 1e6 for name, v in cpu.items()}
     return {
         "what": "one process, 1 thread, one trainer, alternating blocks of 200 steps; tracking's extra work "
@@ -130,6 +157,10 @@ def critical_path(job_file: str, blocks: int) -> dict:
         "extra_vs_1_process_step": med_cpu["every step"] / med_cpu["off"] - 1,
         "extra_paired_median": statistics.median(paired),
         "least_us_per_step": {name: round(v, 1) for name, v in least.items()},
+        # the time inside the reporting path (add, report and its sinks,
+        # mean_metrics), per step: tracking's extra is the difference, free of the step's noise
+        "reporting_path_us_per_step": {name: round(v, 2) for name, v in path_us.items()},
+        "extra_reporting_path_us_per_step": round(path_us["every step"] - path_us["off"], 2),
         "extra_least_us_per_step": round(least["every step"] - least["off"], 1),
         "blocks": blocks,
     }

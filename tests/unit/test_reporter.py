@@ -250,7 +250,10 @@ def test_a_step_keeps_its_metrics_without_a_graph_and_the_report_makes_any_kind_
 
     weight = torch.ones(3, requires_grad=True)
     plain = torch.tensor(0.5)
-    kept = mean_metrics([{"plain": plain, "graph": (weight * 2).sum()}], torch.device("cpu"))
+    metrics = mean_metrics([{"plain": plain, "graph": (weight * 2).sum()}], torch.device("cpu"))
+    step = StepOutput(torch.tensor(9.0), metrics, None, 0.1, 0.0, True)
+    MetricsWindow(0.0, 0).add(step, 1)
+    kept = step.metrics
     assert kept["plain"] is plain and not kept["graph"].requires_grad and kept["graph"].item() == 6.0
 
     class Sink(NullReporter):

@@ -300,8 +300,8 @@ class Trainer:
                 with autocast(self.device, self.job.train.precision):
                     loss, metrics = split_loss_output(self.task.loss(self.model, batch))
                 (loss / accum if accum > 1 else loss).backward()
-            if report:
-                losses.append(loss.detach())
+            if report:  # (a metric with a graph is detached as the loop's window keeps it)
+                losses.append(loss.detach())  # here: the step's graph is freed as this returns
                 metric_rows.append(metrics)
         grad_norm = None
         if self.job.train.clip_grad_norm:

@@ -14,9 +14,12 @@ the same point, and MLflow's SQL store keeps it once.
 
 from __future__ import annotations
 
+import array
 import base64
+import itertools
 import json
 import struct
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,10 +59,12 @@ def _points(entry: dict) -> list[MetricPoint]:
 
 
 def _pack(rows: list[list[float]], width: int) -> str:
-    flat = [value for row in rows for value in row]
+    flat = array.array("d", itertools.chain.from_iterable(rows))
     if len(flat) != width * len(rows):
         raise ValueError("a row without a value for every key")
-    return base64.b64encode(struct.pack(f"<{len(flat)}d", *flat)).decode("ascii")
+    if sys.byteorder == "big":
+        flat.byteswap()  # little-endian on every machine
+    return base64.b64encode(flat.tobytes()).decode("ascii")
 
 
 def _unpack(text: str, width: int, count: int) -> list[tuple[float, ...]]:

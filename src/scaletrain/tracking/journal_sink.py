@@ -67,6 +67,9 @@ class JournalReporter(NullReporter):
         return cached[1]
 
     def on_train_metrics(self, reports: Sequence[StepReport]) -> None:
+        if self.every == 1:  # every step (the loop's window, each report)
+            self._record("train", reports, list(range(len(reports))))
+            return
         self._record("train", reports, kept_indices(reports, self.every, self.total_steps))
 
     def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
