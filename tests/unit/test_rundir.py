@@ -128,3 +128,38 @@ def test_what_is_not_a_run_id(ref):
         f"{ref!r} is not a run id: use the scaletrain or MLflow run id as `scaletrain runs` lists it "
         "(letters, digits, '.', '_' and '-')"
     )
+
+
+def test_a_refusal_names_the_new_holder_not_the_dead_one_its_file_still_names(tmp_path):
+    """The holder takes the lock, then writes its name: a refusal in between waits for the name
+    instead of naming the holder before it (dead, killed without releasing the lock)."""
+    import fcntl
+    import threading
+    import time
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    path = tmp_path / LOCK_FILE
+    path.write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname(), "node_rank": 0}))
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the new holder, its name not written yet
+
+    def name_it():
+        time.sleep(0.15)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": 4242424, "host": "other-host", "node_rank": 0}).encode(), 0)
+
+    writer = threading.Thread(target=name_it)
+    writer.start()
+    try:
+        with pytest.raises(RunInUse) as info:
+            RunLock(tmp_path, "r1").acquire()
+    finally:
+        writer.join()
+        os.close(fd)
+    assert str(info.value) == "run r1 is in use by pid 4242424 on host other-host; wait for it or stop it"
+
+
+def test_a_released_lock_names_no_holder(tmp_path):
+    RunLock(tmp_path, "r1").acquire().release()
+    assert (tmp_path / LOCK_FILE).read_bytes() == b""

@@ -58,6 +58,7 @@ class RunLock:
 
     def release(self) -> None:
         if self._fd is not None:
+            os.ftruncate(self._fd, 0)  # no holder named: the next one's refusals wait for its name
             os.close(self._fd)  # the lock goes with the last descriptor
             self._fd = None
 
@@ -80,13 +81,32 @@ class RunLock:
 
 
 def _holder(fd: int) -> dict[str, Any]:
-    """Who holds the lock, as its file says (it may not have written it yet: then {})."""
-    for _ in range(20):
+    """Who holds the lock, as its file says. A holder that has just taken it may not have
+    written its name yet: the file is then empty, or still names a holder that died without
+    releasing it (a process of this host that is gone); wait a little for the new name."""
+    found: dict[str, Any] = {}
+    for _ in range(50):
         try:
             data = json.loads(os.pread(fd, 4096, 0) or b"null")
         except ValueError:
             data = None
         if isinstance(data, dict):
-            return data
+            found = data
+            if not _gone(data):
+                return data
         time.sleep(0.01)
-    return {}
+    return found
+
+
+def _gone(holder: dict[str, Any]) -> bool:
+    """The named holder is a process of this host that no longer exists."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's: it exists
+        return False
+    return False
