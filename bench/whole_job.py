@@ -12,6 +12,8 @@ medians with the spread, and the ratio pair by pair.
                 schedule, clipping and seed
 
     .venv/bin/python bench/whole_job.py --steps 330,3000 --repeats 3
+    .venv/bin/python bench/whole_job.py --steps 3000 --set tracking.enabled=false \
+        --set checkpoint.every_steps=null --set train.eval_every=null     # the guardrails' floor
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BIN, REPO, emit  # noqa: E402
 
 
-def scaletrain_job(job: str, steps: int, tmp: Path, store: Path) -> float:
+def scaletrain_job(job: str, steps: int, tmp: Path, store: Path, overrides: list[str] = ()) -> float:
     started = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-m", "scaletrain", "run", job, "--set", f"train.max_steps={steps}",
          "--set", "train.epochs=null", "--set", f"run_dir={tmp / 'runs'}",
-         "--set", f"tracking.uri=sqlite:///{store / 'mlflow.db'}"],
+         "--set", f"tracking.uri=sqlite:///{store / 'mlflow.db'}",
+         *(arg for item in overrides for arg in ("--set", item))],
         cwd=REPO, capture_output=True, text=True,
     )
     elapsed = time.perf_counter() - started
@@ -68,6 +71,8 @@ def main() -> None:
     parser.add_argument("--job", default="examples/digits.yaml")
     parser.add_argument("--steps", default="330,3000", help="comma-separated job lengths")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for scaletrain's runs, e.g. tracking.enabled=false (repeatable)")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
     from scaletrain.config.loading import load_job
@@ -86,13 +91,14 @@ def main() -> None:
             for repeat in range(args.repeats):
                 order = ["scaletrain", "torchrun"] if repeat % 2 == 0 else ["torchrun", "scaletrain"]
                 for name in order:
-                    runs[name].append(scaletrain_job(str(REPO / args.job), steps, Path(tmp), store)
+                    runs[name].append(scaletrain_job(str(REPO / args.job), steps, Path(tmp), store, args.overrides)
                                       if name == "scaletrain" else torchrun_job(args.job, steps, workers, config))
             paired = [s / r for s, r in zip(runs["scaletrain"], runs["torchrun"])]
             lengths[str(steps)] = {"wall_s": {name: spread(values) for name, values in runs.items()},
                                    "ratio": statistics.median(runs["scaletrain"]) / statistics.median(runs["torchrun"]),
                                    "ratio_paired": spread(paired)}
-    emit({"job": args.job, "workers": workers, "repeats": args.repeats, "lengths": lengths}, args.out)
+    emit({"job": args.job, "workers": workers, "repeats": args.repeats, "overrides": args.overrides,
+          "lengths": lengths}, args.out)
 
 
 if __name__ == "__main__":
