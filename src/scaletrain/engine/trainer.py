@@ -336,7 +336,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return StepOutput(
             loss=(losses[0] if accum == 1 else mean_loss(losses)) if report else None,
-            metrics=mean_metrics(metric_rows, self.device) if report else {},
+            metrics=(metric_rows[0] if accum == 1 else mean_metrics(metric_rows, self.device)) if report else {},
             grad_norm=grad_norm,
             lr=lr,
             data_wait=data_wait,
