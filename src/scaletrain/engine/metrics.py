@@ -124,14 +124,13 @@ def step_time_summary(times: deque[float]) -> dict[str, float]:
 
 
 def mean_loss(losses: list[torch.Tensor]) -> torch.Tensor:
-    """The loss of one step: the mean over its micro-steps (no extra op for just one)."""
-    return losses[0] if len(losses) == 1 else torch.stack(losses).float().mean()
+    """The loss of one step: the mean over its micro-steps (the loop keeps a single one as it is)."""
+    return torch.stack(losses).float().mean()
 
 
 def mean_metrics(rows: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
-    """Per-metric mean over the micro-steps of one step."""
-    if len(rows) == 1:  # the common case: as the task gave them (MetricsWindow.add detaches)
-        return rows[0]
+    """Per-metric mean over the micro-steps of one step (the loop keeps a single one's metrics
+    as the task gave them: MetricsWindow.add detaches one with a graph)."""
     return {
         name: torch.stack(
             [torch.as_tensor(row[name], device=device).detach().float() for row in rows]
@@ -144,8 +143,6 @@ def _scalar(value: Any, device: torch.device) -> torch.Tensor:
     """A step's metric as a 0-dim tensor on ``device``, for a window whose values are not all
     scalar tensors on one device already (those are stacked as they are, at the report: right
     after a step each op and check costs 2-4 us of the step's time)."""
-    if isinstance(value, torch.Tensor) and value.dim() == 0:
-        if value.requires_grad:  # its graph must not live on until the report
-            value = value.detach()
+    if isinstance(value, torch.Tensor) and value.dim() == 0:  # (detached as it was kept)
         return value if value.device == device else value.to(device, non_blocking=True)
     return torch.as_tensor(value, device=device).detach().float().mean()

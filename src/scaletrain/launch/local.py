@@ -105,12 +105,8 @@ class LocalLauncher(Launcher):
         restore_env = _set_environ(worker_env)  # the agent starts the workers with this env
         # Workers forked from one process that imported torch once (warm_workers.py): it
         # imports while the agent sets up, and every restart forks fresh workers from it.
-        warm = self.warm_workers
-        own_warm = warm is None and self.worker_module == WORKER and warm_workers_enabled()
-        if own_warm:
-            warm = WarmWorkers()
-        elif self.worker_module != WORKER:
-            warm = None
+        own_warm = self.warm_workers is None and self.worker_module == WORKER and warm_workers_enabled()
+        warm = WarmWorkers() if own_warm else self.warm_workers if self.worker_module == WORKER else None
         command = (warm.command(self.worker_module, str(spec_file)) if warm is not None
                    else ("-m", self.worker_module, str(spec_file)))
         forwarder = _StopForwarder(self.grace_period_s).install()

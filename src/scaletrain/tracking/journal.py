@@ -18,7 +18,6 @@ import array
 import base64
 import itertools
 import json
-import struct
 import sys
 import threading
 from dataclasses import dataclass
@@ -67,12 +66,13 @@ def _pack(rows: list[list[float]], width: int) -> str:
     return base64.b64encode(flat.tobytes()).decode("ascii")
 
 
-def _unpack(text: str, width: int, count: int) -> list[tuple[float, ...]]:
-    raw = base64.b64decode(text, validate=True)
-    if len(raw) != 8 * width * count:
+def _unpack(text: str, width: int, count: int) -> list[list[float]]:
+    flat = array.array("d", base64.b64decode(text, validate=True))  # ValueError: not whole float64s
+    if len(flat) != width * count:
         raise ValueError("a window whose values do not fill its rows")
-    flat = struct.unpack(f"<{width * count}d", raw)
-    return [flat[index:index + width] for index in range(0, width * count, width)]
+    if sys.byteorder == "big":
+        flat.byteswap()
+    return [flat[index:index + width].tolist() for index in range(0, width * count, width)]
 
 
 class MetricJournal:

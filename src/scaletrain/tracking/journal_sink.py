@@ -23,7 +23,6 @@ class JournalReporter(NullReporter):
         self.every = every
         self.total_steps: int | None = 0
         self.recorded: dict[str, int] = {}
-        self._cached_keys: tuple[tuple[str, list[str]], list[str]] | None = None
 
     def on_start(self, total_steps: int | None, start_step: int) -> None:
         self.total_steps = total_steps
@@ -41,7 +40,8 @@ class JournalReporter(NullReporter):
             self.journal.append_window(
                 steps if whole else [steps[i] for i in indices],
                 [int(reports.wall_times[i] * 1000) for i in indices],
-                self._keys(prefix, reports.names), reports.rows if whole else [reports.rows[i] for i in indices],
+                [f"{prefix}/{name}" for name in reports.names],
+                reports.rows if whole else [reports.rows[i] for i in indices],
             )
             return
         kept = [reports[i] for i in indices]
@@ -59,17 +59,7 @@ class JournalReporter(NullReporter):
             for r in kept
         ])
 
-    def _keys(self, prefix: str, names: list[str]) -> list[str]:
-        """The journal's keys for a window's metric names (the same every window: made once)."""
-        cached = self._cached_keys
-        if cached is None or cached[0] != (prefix, names):
-            cached = self._cached_keys = ((prefix, list(names)), [f"{prefix}/{name}" for name in names])
-        return cached[1]
-
     def on_train_metrics(self, reports: Sequence[StepReport]) -> None:
-        if self.every == 1:  # every step (the loop's window, each report)
-            self._record("train", reports, list(range(len(reports))))
-            return
         self._record("train", reports, kept_indices(reports, self.every, self.total_steps))
 
     def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:
