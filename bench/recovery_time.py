@@ -6,8 +6,9 @@ SIGKILLs itself after step 120 in the first attempt. Variants, interleaved (rota
   torchrun         bench/baselines/ddp_digits_resumable.py under torchrun --max-restarts 1,
                    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a fresh rendezvous store per attempt)
   torchrun-shared  the same without it (torchrun's default: the store is shared across attempts)
-Recovery = wall time from the last step logged before the kill to the first step logged after
-the restart (rank 0's per-step log lines); lost work = steps done twice. Phases, from the same
+Recovery = wall time from the last step before the kill (torchrun: its last step log line;
+scaletrain: the killed rank's "injected fault" line, as its steps are logged in batches) to the
+first step logged after the restart (rank 0's log lines); lost work = steps done twice. Phases, from the same
 logs: until the new rank 0 is up, until it has resumed, until its first step. Only the total
 compares like with like: "up" is scaletrain's "worker started" line (before the process group
 and the task module, whose sklearn import is ~1 s) and the baseline's end of imports (after
@@ -54,13 +55,19 @@ def run(args: list[str], env: dict, timeout: float) -> tuple[int | None, str, st
 
 
 def phases(steps: list[tuple[float, int]], up: float | None, resumed: float | None,
-           resumed_step: int | None, wall: float, rc: int | None, done: bool) -> dict:
-    """steps: (time, step) of rank 0 in log order; the restart is where the step goes back."""
+           resumed_step: int | None, wall: float, rc: int | None, done: bool,
+           killed: tuple[float, int] | None = None) -> dict:
+    """steps: (time, step) of rank 0 in log order; the restart is where the step goes back.
+    ``killed``: (time, step) of the kill itself, where the run says it (scaletrain's steps are
+    logged in batches, about 4 times a second: its last logged step is not its last step)."""
     row = {"wall_s": wall, "rc": rc, "completed": done}
-    cut = next((i for i in range(1, len(steps)) if steps[i][1] <= steps[i - 1][1]), None)
+    if killed is not None:  # the first step logged after it
+        cut = next((i for i in range(len(steps)) if steps[i][0] > killed[0]), None)
+    else:
+        cut = next((i for i in range(1, len(steps)) if steps[i][1] <= steps[i - 1][1]), None)
     if cut is None:
         return row
-    (t_last, last), (t_first, first) = steps[cut - 1], steps[cut]
+    (t_last, last), (t_first, first) = killed or steps[cut - 1], steps[cut]
     row.update(recovery_s=t_first - t_last, last_before_kill=last, resumed_from=resumed_step,
                first_after=first, lost_steps=last - (first - 1))
     if up is not None and resumed is not None:
@@ -91,10 +98,13 @@ def run_scaletrain(tmp: Path, timeout: float) -> dict:
     steps = [(ts(r["timestamp"]), r["step"]) for r in log if r["message"] == "train metrics"]
     ups = [ts(r["timestamp"]) for r in log if r["message"] == "worker started"]
     resumed = [ts(r["timestamp"]) for r in log if r["message"] == "resumed"]
+    killer = [json.loads(line) for line in (run_dir / "logs/worker-1.jsonl").read_text().splitlines()]
+    killed = [(ts(r["timestamp"]), KILL_STEP) for r in killer if r["message"].startswith("injected fault")]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_steps = [m["step"] for m in metrics if m["split"] == "train"]
     row = phases(steps, ups[1] if len(ups) > 1 else None, resumed[0] if resumed else None,
-                 summary.get("resumed_from_step"), wall, rc, summary.get("steps") == STEPS)
+                 summary.get("resumed_from_step"), wall, rc, summary.get("steps") == STEPS,
+                 killed[0] if killed else None)
     # metrics.jsonl keeps one row per step (redone steps are not written again) and has no times.
     row["metrics_jsonl_steps_once_each"] = train_steps == list(range(1, STEPS + 1))
     return row

@@ -33,7 +33,8 @@ BENCHES = {
                            "--with-tracking-off"]),
     "throughput_tiny_gpt": ("throughput.py", ["--job", "examples/tiny_gpt.yaml", "--repeats", "2", "--steps", "450"],
                             ["--job", "examples/tiny_gpt.yaml", "--repeats", "5", "--steps", "600"]),
-    "whole_job": ("whole_job.py", ["--steps", "330,3000", "--repeats", "3"], ["--steps", "330,3000", "--repeats", "5"]),
+    "whole_job": ("whole_job.py", ["--steps", "330,3000", "--repeats", "3", "--repeats-for", "3000=6"],
+                  ["--steps", "330,3000", "--repeats", "5", "--repeats-for", "3000=8"]),
     "tracking": ("tracking_overhead.py", ["--repeats", "2", "--steps", "600", "--blocks", "30", "--workers", "2"],
                  ["--repeats", "4", "--steps", "3000", "--blocks", "100"]),
     "observability": ("observability_overhead.py", ["--repeats", "2", "--steps", "2000", "--blocks", "30"],
@@ -130,10 +131,20 @@ def rows(results: dict) -> list[dict]:
     r = results.get("whole_job", {})
     for steps, length in r.get("lengths", {}).items():
         wall, target = length["wall_s"], TARGETS["whole_job"].get(steps)
+        # Pairs run back to back (A B, B A, ...): the median of the pairs' ratios, their spread
+        # beside it (the machine's load moves between pairs, less within one).
+        paired = length.get("ratio_paired", {})
+        ratio = paired.get("median", length["ratio"])
+        pairs = (f"; {length.get('pairs', len(paired.get('values', [])))} pairs, ratios "
+                 f"{paired['min']:.2f}-{paired['max']:.2f}" if paired else "")
         add(f"whole job, digits, {steps} steps at the example's defaults, command to exit (s)",
-            _spread(wall["scaletrain"], 1), _spread(wall["torchrun"], 1) + " (the raw DDP loop under torchrun)",
-            length["ratio"], f"<= {target}" if target else None,
-            length["ratio"] <= target if target else None)
+            _spread(wall["scaletrain"], 1), _spread(wall["torchrun"], 1) + f" (the raw DDP loop under torchrun{pairs})",
+            ratio, f"<= {target}" if target else None, ratio <= target if target else None)
+        if "cpu_s" in length:  # every process of the job (the tracker's too)
+            cpu = length["cpu_s"]
+            add(f"whole job, digits, {steps} steps: CPU-seconds of all its processes",
+                _spread(cpu["scaletrain"], 1), _spread(cpu["torchrun"], 1) + " (torchrun and its workers)",
+                length["cpu_ratio"])
     r = results.get("ray", {})
     if "results" in r:
         st, raw = r["results"]["scaletrain ray"], r["results"]["plain Ray Train"]

@@ -70,6 +70,7 @@ def critical_path(job_file: str, blocks: int) -> dict:
     from scaletrain.distributed.device import choose_placement
     from scaletrain.distributed.env import DistEnv
     from scaletrain.engine.trainer import Trainer
+    from scaletrain.observe.telemetry import Telemetry
     from scaletrain.rundir import RunSpec
     from scaletrain.task import build_task
     from scaletrain.tracking.logs import LogContext
@@ -88,7 +89,9 @@ def critical_path(job_file: str, blocks: int) -> dict:
         spec = RunSpec.in_dir(job.model_dump(mode="json"), tmp / ("on" if tracking else "off"),
                               python_path=[str(job_path.parent)])
         Path(spec.run_dir).mkdir(parents=True)
-        return worker_reporter(spec, job, LogContext(spec.run_id, spec.trace_id, 0), True), job, spec
+        # The production sinks: the rank's live figures (observability is on by default) too.
+        figures = Telemetry(spec.telemetry_dir / "rank-0.json", {"rank": "0"})
+        return worker_reporter(spec, job, LogContext(spec.run_id, spec.trace_id, 0), True, None, figures, 1), job, spec
 
     # One trainer, its reporting switched between the two settings: two trainer instances
     # differ by up to +-100 us per step here on their own (an A/A run), memory placement.
@@ -106,25 +109,34 @@ def critical_path(job_file: str, blocks: int) -> dict:
         reporter.on_start(shared.max_steps, 0)
 
     # The reporting path timed in place: all the loop's per-step reporting work is in
-    # MetricsWindow.add (keep a step's values) and .report (every sink), and mean_metrics.
+    # MetricsWindow.add (keep a step's values) and .report (every sink), mean_metrics and the
+    # loss's detach.
     import scaletrain.engine.trainer as trainer_module
     from scaletrain.engine.metrics import MetricsWindow
 
     in_path = {name: 0 for name in settings}
     current = ["off"]
+    depth = [0]  # a timed call inside another (a detach in add) is counted once
 
     def timed(function: Callable) -> Callable:
         def call(*args, **kwargs):
+            if depth[0]:
+                return function(*args, **kwargs)
+            depth[0] += 1
             started = time.perf_counter_ns()  # (the thread CPU clock is a system call here: 2 us a read)
             try:
                 return function(*args, **kwargs)
             finally:
                 in_path[current[0]] += time.perf_counter_ns() - started
+                depth[0] -= 1
         return call
 
-    originals = (MetricsWindow.add, MetricsWindow.report, trainer_module.mean_metrics)
+    # The loss's detach on a reported step (inside the step) counts too: every Tensor.detach
+    # is timed (the wrapper's own cost included: an overestimate).
+    originals = (MetricsWindow.add, MetricsWindow.report, trainer_module.mean_metrics, torch.Tensor.detach)
     MetricsWindow.add, MetricsWindow.report = timed(MetricsWindow.add), timed(MetricsWindow.report)  # type: ignore[method-assign]
     trainer_module.mean_metrics = timed(trainer_module.mean_metrics)
+    torch.Tensor.detach = timed(torch.Tensor.detach)  # type: ignore[method-assign]
 
     def setting(name: str) -> Callable[[], None]:
         def apply() -> None:
@@ -135,7 +147,8 @@ def critical_path(job_file: str, blocks: int) -> dict:
     try:
         times, cpu = alternating_blocks(shared, batches, {name: setting(name) for name in settings}, blocks, BLOCK_STEPS)
     finally:
-        MetricsWindow.add, MetricsWindow.report, trainer_module.mean_metrics = originals  # type: ignore[method-assign]
+        (MetricsWindow.add, MetricsWindow.report, trainer_module.mean_metrics,  # type: ignore[method-assign]
+         torch.Tensor.detach) = originals
     path_us = {name: ns / 1e3 / ((blocks + 1) * BLOCK_STEPS) for name, ns in in_path.items()}
     for reporter, _ in settings.values():
         reporter.on_end()
@@ -157,8 +170,8 @@ def critical_path(job_file: str, blocks: int) -> dict:
         "extra_vs_1_process_step": med_cpu["every step"] / med_cpu["off"] - 1,
         "extra_paired_median": statistics.median(paired),
         "least_us_per_step": {name: round(v, 1) for name, v in least.items()},
-        # the time inside the reporting path (add, report and its sinks,
-        # mean_metrics), per step: tracking's extra is the difference, free of the step's noise
+        # the time inside the reporting path (add, report and its sinks, mean_metrics, the
+        # loss's detach), per step: tracking's extra is the difference, free of the step's noise
         "reporting_path_us_per_step": {name: round(v, 2) for name, v in path_us.items()},
         "extra_reporting_path_us_per_step": round(path_us["every step"] - path_us["off"], 2),
         "extra_least_us_per_step": round(least["every step"] - least["off"], 1),

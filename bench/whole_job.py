@@ -4,14 +4,14 @@ steps, the final model exported and logged in MLflow) against the hand-written D
 torchrun (bench/baselines/ddp_loop.py: no tracking, eval or checkpoints), at a short and a long
 length. What a short job (a tune trial, a CI job, a notebook's run) pays for the guardrails is
 fixed cost: start-up, each checkpoint and eval, the end. Interleaved A B, B A, ... per length;
-medians with the spread, and the ratio pair by pair.
+medians with the spread, and the ratio pair by pair (the gate: the median of the pairs).
 
     scaletrain  scaletrain run JOB --set train.max_steps=N (the job's own settings otherwise;
                 the store is created before the first repeat, as a user's first run leaves it)
     torchrun    torchrun --standalone on the raw loop: same model, data, loss, batch, optimizer,
                 schedule, clipping and seed
 
-    .venv/bin/python bench/whole_job.py --steps 330,3000 --repeats 3
+    .venv/bin/python bench/whole_job.py --steps 330,3000 --repeats 3 --repeats-for 3000=6   # make bench
     .venv/bin/python bench/whole_job.py --steps 3000 --set tracking.enabled=false \
         --set checkpoint.every_steps=null --set train.eval_every=null     # the guardrails' floor
 """
@@ -19,6 +19,7 @@ medians with the spread, and the ratio pair by pair.
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,6 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BIN, REPO, emit  # noqa: E402
+
+
+def children_cpu_s() -> float:
+    """CPU-seconds of this process's ended and reaped descendants so far (every process of a
+    job: the launcher reaps its agent, tracker and warm workers, they reap theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def scaletrain_job(job: str, steps: int, tmp: Path, store: Path, overrides: list[str] = ()) -> float:
@@ -71,6 +79,9 @@ def main() -> None:
     parser.add_argument("--job", default="examples/digits.yaml")
     parser.add_argument("--steps", default="330,3000", help="comma-separated job lengths")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats-for", action="append", default=[], metavar="STEPS=N",
+                        help="more pairs for one length, e.g. 3000=6: the long job's ratio moves by more "
+                             "than its margin from pair to pair on a shared 2-core machine")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting for scaletrain's runs, e.g. tracking.enabled=false (repeatable)")
     parser.add_argument("--out", help="also write the JSON here")
@@ -86,17 +97,26 @@ def main() -> None:
 
         MlflowClient(f"sqlite:///{store / 'mlflow.db'}").search_experiments()  # creates the tables
         lengths = {}
+        more = {int(k): int(v) for k, v in (item.split("=") for item in args.repeats_for)}
         for steps in (int(s) for s in args.steps.split(",")):
             runs: dict[str, list[float]] = {"scaletrain": [], "torchrun": []}
-            for repeat in range(args.repeats):
+            cpu: dict[str, list[float]] = {"scaletrain": [], "torchrun": []}
+            for repeat in range(more.get(steps, args.repeats)):
                 order = ["scaletrain", "torchrun"] if repeat % 2 == 0 else ["torchrun", "scaletrain"]
                 for name in order:
+                    before = children_cpu_s()
                     runs[name].append(scaletrain_job(str(REPO / args.job), steps, Path(tmp), store, args.overrides)
                                       if name == "scaletrain" else torchrun_job(args.job, steps, workers, config))
+                    cpu[name].append(children_cpu_s() - before)
             paired = [s / r for s, r in zip(runs["scaletrain"], runs["torchrun"])]
-            lengths[str(steps)] = {"wall_s": {name: spread(values) for name, values in runs.items()},
+            # CPU-seconds of every process of the job: steadier than wall on a shared machine,
+            # and on one whose cores all train, what a side process (the tracker) costs in wall.
+            lengths[str(steps)] = {"pairs": len(paired),
+                                   "wall_s": {name: spread(values) for name, values in runs.items()},
                                    "ratio": statistics.median(runs["scaletrain"]) / statistics.median(runs["torchrun"]),
-                                   "ratio_paired": spread(paired)}
+                                   "ratio_paired": spread(paired),
+                                   "cpu_s": {name: spread(values) for name, values in cpu.items()},
+                                   "cpu_ratio": statistics.median(cpu["scaletrain"]) / statistics.median(cpu["torchrun"])}
     emit({"job": args.job, "workers": workers, "repeats": args.repeats, "overrides": args.overrides,
           "lengths": lengths}, args.out)
 

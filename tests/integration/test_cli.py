@@ -216,3 +216,35 @@ def test_a_stream_trained_for_epochs_or_evaluated_is_one_line_naming_what_to_set
     assert out.returncode != 0 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert "eval_dataset() returned a ToyStream, which has no len() and [i]" in errors[0]
     assert "map-style" in errors[0]
+
+
+def test_sigterm_while_the_launcher_starts_ends_the_run_as_interrupted(tmp_path):
+    """A SIGTERM before any worker runs (here: the pre-flight waiting on a tracking server that
+    took the connection and says nothing) ends the run with its outcome and exit code 143, as
+    one while it trains does, not a process gone without a word; nothing is left running."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from tests.helpers.run import REPO, stop_group
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    silent.settimeout(120)
+    job = write_job(tmp_path, toy_job(tmp_path, tracking={"enabled": True,
+                                                          "uri": f"http://127.0.0.1:{silent.getsockname()[1]}"}))
+    proc = subprocess.Popen([sys.executable, "-m", "scaletrain", "run", str(job), "--json"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        connection, _ = silent.accept()  # the launcher is in its pre-flight, before any worker
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        stop_group(proc)
+        silent.close()
+    connection.close()
+    assert proc.returncode == 143, err[-2000:]
+    outcome = json.loads(out.strip().splitlines()[-1])
+    assert outcome["status"] == "failed" and outcome["code"] == "ST-INTERRUPTED"
+    assert outcome["error"] == "interrupted by SIGTERM; the workers were stopped"
+    assert "Traceback" not in err

@@ -2,6 +2,8 @@ import base64
 import json
 import struct
 
+import pytest
+
 from scaletrain.tracking.journal import MetricJournal
 
 
@@ -110,8 +112,8 @@ def test_a_report_window_is_one_line_numbered_as_its_steps_would_be(tmp_path):
     per_step.append(rows[:1])
     per_step.append(rows[1:])
     windowed.append(rows[:1])  # a line of the old kind first
-    windowed.append_window([21 + 1, 23], [22000, 23000], ["train/loss", "train/lr", "train/x"],
-                           [[1 / 22, 0.1, float("nan")], [1 / 23, 0.1, float("nan")]])
+    windowed.append_window([21 + 1, 23], [22.0, 23.0], ["train/loss", "train/lr", "train/x"],
+                           [[1 / 22, 1 / 23], [0.1, 0.1], [float("nan"), float("nan")]])
     windowed.close()
     assert len(windowed.path.read_text().splitlines()) == 2
 
@@ -127,7 +129,7 @@ def test_a_report_window_is_one_line_numbered_as_its_steps_would_be(tmp_path):
 
 def test_a_window_line_torn_or_with_a_short_row_is_skipped_whole(tmp_path):
     journal = MetricJournal(tmp_path)
-    journal.append_window([1, 2], [1000, 2000], ["a", "b"], [[1.0, 2.0], [3.0, 4.0]])
+    journal.append_window([1, 2], [1.0, 2.0], ["a", "b"], [[1.0, 3.0], [2.0, 4.0]])
     journal.close()
     with open(journal.path, "a") as handle:
         handle.write('{"seq": 5, "steps": [3, 4], "ts": [3000, 4000], "keys": ["a", "b"], "values": [[5.0], [6.0, 7.0]]}\n')
@@ -135,27 +137,35 @@ def test_a_window_line_torn_or_with_a_short_row_is_skipped_whole(tmp_path):
     assert [p.seq for p in MetricJournal(tmp_path).read_from(0)[0]] == [1, 2, 3, 4]
 
 
-def test_window_values_travel_packed_exactly_and_json_rows_still_read(tmp_path):
-    """A window's values are written as float64 bits (no float text to format on the training
-    thread): every value reads back bit for bit; a window line with JSON rows (written before)
-    reads the same; a packed window one value short is skipped whole."""
-    values = [[0.1 + 0.2, float("inf"), -0.0], [1e-310, 3.0, 2.0 ** 60 + 1.0]]
+def test_window_values_travel_packed_exactly_and_earlier_lines_still_read(tmp_path):
+    """A window's steps, times and values are written as int64/float64 bits (no number text to
+    format on the training thread): every value reads back bit for bit; window lines of the
+    earlier kinds (values as JSON rows, or packed rows) read the same; a packed window one value
+    short is skipped whole."""
+    values = [[0.1 + 0.2, float("inf"), -0.0], [1e-310, 3.0, 2.0 ** 60 + 1.0]]  # rows: a step's
     packed = MetricJournal(tmp_path / "p")
-    packed.append_window([5, 6], [5000, 6000], ["a", "b", "c"], values)
+    packed.append_window([5, 6], [5.0, 6.0], ["a", "b", "c"], [list(column) for column in zip(*values)])
     packed.close()
     line = json.loads(packed.path.read_text())
-    assert "values" not in line and set(line) == {"seq", "steps", "ts", "keys", "f64"}
-    got = [p.value for p in MetricJournal(tmp_path / "p").read_from(0)[0]]
-    assert [struct.pack("<d", v) for v in got] == [struct.pack("<d", v) for row in values for v in row]
+    assert set(line) == {"seq", "keys", "n", "columns"}
+    got = MetricJournal(tmp_path / "p").read_from(0)[0]
+    assert [struct.pack("<d", p.value) for p in got] == [struct.pack("<d", v) for row in values for v in row]
+    assert [(p.seq, p.key, p.step, p.timestamp_ms) for p in got][:4] == \
+        [(1, "a", 5, 5000), (2, "b", 5, 5000), (3, "c", 5, 5000), (4, "a", 6, 6000)]
 
-    old = tmp_path / "old"
-    old.mkdir()
-    (old / "metrics.journal.jsonl").write_text(json.dumps(
-        {"seq": 1, "steps": [5, 6], "ts": [5000, 6000], "keys": ["a", "b", "c"], "values": values}) + "\n")
-    assert [(p.seq, p.key, p.step) for p in MetricJournal(old).read_from(0)[0]] == \
-        [(p.seq, p.key, p.step) for p in MetricJournal(tmp_path / "p").read_from(0)[0]]
+    earlier = {"seq": 1, "steps": [5, 6], "ts": [5000, 6000], "keys": ["a", "b", "c"]}
+    as_rows = base64.b64encode(struct.pack("<6d", *(v for row in values for v in row))).decode()
+    for name, kind in (("json", {"values": values}), ("rows", {"f64": as_rows})):
+        old = tmp_path / name
+        old.mkdir()
+        (old / "metrics.journal.jsonl").write_text(json.dumps(dict(earlier, **kind)) + "\n")
+        assert [(p.seq, p.key, p.step, p.timestamp_ms, struct.pack("<d", p.value))
+                for p in MetricJournal(old).read_from(0)[0]] == \
+            [(p.seq, p.key, p.step, p.timestamp_ms, struct.pack("<d", p.value)) for p in got]
 
-    short = dict(line, f64=base64.b64encode(base64.b64decode(line["f64"])[:-8]).decode())
+    short = dict(line, columns=base64.b64encode(base64.b64decode(line["columns"])[:-8]).decode())
     with open(packed.path, "a") as handle:
         handle.write(json.dumps(short) + "\n")
     assert len(MetricJournal(tmp_path / "p").read_from(0)[0]) == 6
+    with pytest.raises(ValueError, match="a column without a value for every step"):
+        packed.append_window([7, 8], [7.0, 8.0], ["a"], [[1.0]])

@@ -20,6 +20,21 @@ def test_every_position_maps_to_a_distinct_sample(n):
     assert sorted(out.tolist()) == list(range(n))
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 17, 1437, 1797, 40_000, 65_536])
+def test_a_small_domain_looked_up_whole_gives_the_order_computed_position_by_position(n):
+    """Small domains keep their whole order (computed once, by lookup): the same samples, so
+    checkpoints and runs from before resume and repeat exactly."""
+    keys = [derive_seed(n, "round", r) for r in range(4)]
+    looked_up = IndexPermutation(n, keys)
+    assert looked_up._small
+    computed = IndexPermutation(n, keys)
+    computed._small = False  # the cycle-walking path every domain took before
+    positions = np.random.default_rng(n).integers(0, n, size=min(n, 5000))
+    assert np.array_equal(looked_up(positions), computed(positions))
+    assert np.array_equal(looked_up(np.arange(n)), computed(np.arange(n)))
+    assert not IndexPermutation(65_537, keys)._small  # larger ones hold nothing
+
+
 def test_orders_differ_by_seed_and_look_uniform():
     n, seeds = 10, 4000
     firsts = Counter(int(IndexPermutation(n, [derive_seed(s, r) for r in range(4)])(np.arange(1))[0])

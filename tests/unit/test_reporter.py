@@ -3,6 +3,8 @@
 import json
 import logging
 
+import pytest
+
 from scaletrain.config import parse_job
 from scaletrain.observe.telemetry import read_step_mark
 from scaletrain.rundir import RunSpec
@@ -205,6 +207,7 @@ def test_a_window_of_columns_reaches_every_sink_as_the_same_reports_would(tmp_pa
     names = ["loss", "lr", "step_time_s", "samples_per_s", "data_wait_s"]
     steps = list(range(1, 13))
     window_rows = [[1.0 / s, 0.1, 0.01 * s, 100.0 + s, 0.001] for s in steps]
+    window_columns = [list(column) for column in zip(*window_rows)]
     walls = [1000.0 + s for s in steps]
     built = []
 
@@ -233,7 +236,7 @@ def test_a_window_of_columns_reaches_every_sink_as_the_same_reports_would(tmp_pa
                 {name: value for name, value in figures.items() if "timestamp" not in name})
 
     as_list = [StepReport(s, dict(zip(names, row)), w) for s, row, w in zip(steps, window_rows, walls)]
-    from_window = outputs(Counted(steps, names, window_rows, walls), tmp_path / "window")
+    from_window = outputs(Counted(steps, names, window_columns, walls), tmp_path / "window")
     assert from_window == outputs(as_list, tmp_path / "list")
     assert "train/samples_per_s" in "".join(from_window[1]) and from_window[3]["steps_total"] == 12
     assert train_steps(tmp_path / "window" / "metrics.jsonl") == [1, 5, 10, 12]
@@ -265,3 +268,54 @@ def test_a_step_keeps_its_metrics_without_a_graph_and_the_report_makes_any_kind_
         window.add(StepOutput(torch.tensor(float(step)), {"m": metric}, None, 0.1, 0.0, True), step)
     window.report(sink, global_batch=8)
     assert sink.rows == [(1, 0.25, 1.0), (2, 0.5, 2.0), (3, 0.75, 3.0)]
+
+
+def test_a_window_reports_each_step_in_columns_with_the_time_since_the_last_reported_step():
+    """The window's columns: the loss and metrics (mean over ranks), lr, the gradient norm,
+    and per step the time, samples/s, tokens/s and data wait since the previous reported step
+    (an unreported step in between counts towards the next one); a non-finite loss anywhere in
+    the window stops the run naming its step, unless the run skips such steps."""
+    import math
+    import time
+
+    import torch
+
+    from scaletrain.engine.metrics import MetricsWindow, StepOutput, TrainingDiverged
+
+    class Sink(NullReporter):
+        def on_train_metrics(self, reports):
+            self.window = reports
+
+    def output(loss, acc, norm, report=True, wait=0.5):
+        return StepOutput(torch.tensor(loss), {"acc": torch.tensor(acc)}, torch.tensor(norm), 0.01 * loss, wait, report)
+
+    started = time.perf_counter()
+    window, sink = MetricsWindow(started, 0), Sink()
+    window.add(output(1.0, 0.25, 3.0), 1)
+    window.add(output(2.0, 0.5, 4.0), 2)
+    window.add(output(9.0, 0.0, 0.0, report=False, wait=1.0), 3)  # not reported: counts towards step 4
+    window.add(output(4.0, 1.0, 5.0, wait=1.5), 4)
+    ended = [started] + [entry[2] for entry in window.pending]
+    window.report(sink, global_batch=8, tokens_per_sample=4)
+    got = sink.window
+    assert got.steps == [1, 2, 4]
+    assert got.names == ["loss", "acc", "lr", "grad_norm", "step_time_s", "samples_per_s", "tokens_per_s", "data_wait_s"]
+    assert got.columns[:4] == [[1.0, 2.0, 4.0], [0.25, 0.5, 1.0], [0.01, 0.02, 0.04], [3.0, 4.0, 5.0]]
+    between = [1, 1, 2]
+    times = [(ended[i + 1] - ended[i]) / between[i] for i in range(3)]
+    assert got.column("step_time_s") == times
+    assert got.column("samples_per_s") == [8 / t for t in times]
+    assert got.column("tokens_per_s") == [32 / t for t in times]
+    assert got.column("data_wait_s") == [0.5, 0.5, 1.25]
+    assert got[2].metrics["grad_norm"] == 5.0 and window.pending == []
+
+    for skip in (False, True):
+        window = MetricsWindow(time.perf_counter(), 0, stop_on_nonfinite=not skip)
+        for step, loss in enumerate([1.0, math.inf, 2.0], start=1):
+            window.add(output(loss, 0.0, 1.0), step)
+        if skip:
+            window.report(sink, global_batch=8)
+            assert sink.window.column("loss") == [1.0, math.inf, 2.0]
+        else:
+            with pytest.raises(TrainingDiverged, match="the loss became inf at step 2;"):
+                window.report(sink, global_batch=8)

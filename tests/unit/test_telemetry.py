@@ -84,6 +84,26 @@ def test_every_figure_is_documented():
     assert missing == []
 
 
+def test_the_endpoint_serves_ipv6_and_closing_frees_its_port(tmp_path):
+    """Served from our own thread (prometheus-client's loop made every job's end wait out a
+    0.5 s poll): it still answers on IPv6 loopback, and once closed nothing listens there."""
+    import socket
+
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    endpoint = MetricsEndpoint(tmp_path, {"run_id": "r1", "job": "toy"}, "::1", 0)
+    try:
+        assert endpoint.url == f"http://[::1]:{endpoint.port}/metrics"
+        assert scrape(endpoint.url)["scaletrain_run_info"] == {(("job", "toy"), ("run_id", "r1")): 1.0}
+    finally:
+        endpoint.close()
+    assert not endpoint._thread.is_alive()
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("::1", endpoint.port), timeout=5):
+        pass
+
+
 def test_a_port_in_use_is_one_line_before_anything_starts(tmp_path):
     from scaletrain.config.schema import JobConfig
     from scaletrain.errors import ConfigError

@@ -78,3 +78,13 @@ def test_a_slow_rank_that_goes_on_is_not_a_hang(tmp_path):
     # A dump with no resumption after it is a hang.
     _watch(tmp_path, "time.sleep(60)")
     assert holds_hang(stacks, {})
+
+
+def test_a_collective_outlasts_the_watchdog_and_its_grace():
+    """The process group's timeout is the backstop: were it the hang timeout, the hung rank's
+    peers would fail in their collective as it dumps, and its stacks be lost (CI's Ray hang test)."""
+    from scaletrain.config.schema import MAX_SECONDS, MIN_HANG_TIMEOUT_S
+    from scaletrain.recovery.watchdog import collective_timeout_s, grace_s
+
+    for hang in (MIN_HANG_TIMEOUT_S, 8.0, 900.0, float(MAX_SECONDS)):
+        assert collective_timeout_s(hang) >= hang + grace_s(hang) + 60

@@ -6,8 +6,11 @@ preempted run still prints its outcome on stdout (``scaletrain resume`` needs th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import time
+from collections.abc import Iterator
 from typing import Annotated, Any, Callable, Optional
 
 import typer
@@ -24,7 +27,7 @@ from scaletrain.cli.app import (
     user_errors,
 )
 from scaletrain.cli.render import print_checks, print_summary
-from scaletrain.errors import RunPreempted, ScaletrainError
+from scaletrain.errors import RunInterrupted, RunPreempted, ScaletrainError
 
 NodesOpt = Annotated[
     Optional[str],
@@ -100,7 +103,8 @@ def resume(
 def _run_and_report(start: Callable[[], dict[str, Any]], as_json: bool) -> None:
     with user_errors(interrupted="interrupted"):  # the run only, not the printing after
         try:
-            summary = start()
+            with _stops_interrupt():
+                summary = start()
         except ScaletrainError as exc:
             if as_json:
                 typer.echo(json.dumps(_failed_outcome(exc)))
@@ -111,6 +115,22 @@ def _run_and_report(start: Callable[[], dict[str, Any]], as_json: bool) -> None:
         typer.echo(summary["note"])
     else:
         print_summary(summary)
+
+
+@contextlib.contextmanager
+def _stops_interrupt() -> Iterator[None]:
+    """SIGTERM or SIGUSR1 while the launcher starts up (before its workers' stop handling takes
+    over) or winds down ends the run as interrupted, with its outcome and exit code, as Ctrl-C
+    does, instead of killing the process without a word."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise RunInterrupted(signal.Signals(signum).name, signum)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _failed_outcome(exc: ScaletrainError) -> dict[str, Any]:

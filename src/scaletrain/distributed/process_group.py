@@ -17,12 +17,17 @@ from scaletrain.distributed.stores import connect_store, host_store
 
 __all__ = ["process_group"]
 
+_STORE_TIMEOUT_S = 600.0  # meeting the peers: workers start at their own pace
+
 
 @contextlib.contextmanager
 def process_group(
-    env: DistEnv, placement: Placement, timeout_s: float = 600, needed: bool = False
+    env: DistEnv, placement: Placement, collective_timeout_s: float, needed: bool = False
 ) -> Iterator[bool]:
     """Join the job's process group for the duration of the block; yields whether one exists.
+
+    ``collective_timeout_s``: the caller's backstop behind its hang watchdog; meeting the peers
+    at the store waits at least _STORE_TIMEOUT_S.
 
     ``needed``: create one for a single worker too (ddp, fsdp and hsdp wrap the model in a
     group, also of one rank); it lives in this process (a HashStore: nothing listens).
@@ -42,11 +47,11 @@ def process_group(
     if placement.device.type == "cuda":
         kwargs["device_id"] = placement.device
     if env.is_distributed:
-        kwargs.update(store=_job_store(env, timeout_s), rank=env.rank, world_size=env.world_size)
+        kwargs.update(store=_job_store(env, max(_STORE_TIMEOUT_S, collective_timeout_s)), rank=env.rank, world_size=env.world_size)
     else:
         kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
     dist.init_process_group(
-        backend=placement.group_backend, timeout=timedelta(seconds=timeout_s), **kwargs
+        backend=placement.group_backend, timeout=timedelta(seconds=collective_timeout_s), **kwargs
     )
     ok = False
     try:

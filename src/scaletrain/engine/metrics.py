@@ -1,7 +1,8 @@
-"""The loop's numbers between reports: each step's loss and metrics stay on the device until the
-console cadence (or anything that shows them) is due, then one all-reduce and one host copy
-report every pending step at once. A non-finite loss stops the run here, naming the step
-(unless train.nonfinite: skip, where the trainer has already left that step's update out)."""
+"""The loop's numbers between reports: each kept step's loss and metrics stay on the device until
+a report is due (the control's check steps, about 4 times a second, or anything that shows
+them), then one stack, one all-reduce and one host copy report every pending step at once. A
+non-finite loss stops the run here, naming the step (unless train.nonfinite: skip, where the
+trainer has already left that step's update out)."""
 
 from __future__ import annotations
 
@@ -69,48 +70,56 @@ class MetricsWindow:
         """Report every pending step; returns them, oldest first. ``tokens_per_sample``: the
         task's (a sequence model's context), for tokens/s.
 
-        One all-reduce packs the loss and every metric of every pending step: the mean over all
-        ranks. Gradient norms are the same on every rank after the gradient all-reduce. The
-        steps go to the sinks as columns (ReportWindow): no dict per step on this thread."""
+        One stack and one host copy take the loss, every metric and the gradient norm of every
+        pending step, column by column; one all-reduce of the loss and metrics makes them the
+        mean over all ranks (gradient norms are the same on every rank after the gradient
+        all-reduce). The steps go to the sinks as these columns (ReportWindow): no dict per
+        step on this thread."""
         pending, self.pending = self.pending, []
-        first = pending[0][1]
+        count = len(pending)
+        outs = [p[1] for p in pending]
+        first = outs[0]
         names = sorted(first.metrics)
-        width = 1 + len(names)
-        values: list[Any] = []
-        for _, out, _, _ in pending:
-            metrics = out.metrics
-            values.append(out.loss)
-            values += [metrics[n] for n in names]
+        norms = first.grad_norm is not None  # all or none
+        # Column by column: the loss, each metric, then the gradient norms (not reduced).
+        values: list[Any] = [out.loss for out in outs]
+        for name in names:
+            values += [out.metrics[name] for out in outs]
+        if norms:
+            values += [out.grad_norm for out in outs]
         try:  # the usual window: scalar tensors on the loss's device, stacked as they are
-            stacked = torch.stack(values)
+            stacked = torch.stack(values).float()
         except (TypeError, RuntimeError):  # a float, a 1-element tensor, another device...
             device = first.loss.device  # type: ignore[union-attr]  # reported steps keep their loss
-            stacked = torch.stack([_scalar(v, device) for v in values])
-        rows = collectives.all_reduce(stacked.float().view(len(pending), width), "mean").tolist()
-        norms = None
-        if first.grad_norm is not None:  # all or none
-            norms = torch.stack([p[1].grad_norm for p in pending]).float().tolist()  # type: ignore[misc]
-        columns = ["loss", *names, "lr", *(["grad_norm"] if norms is not None else []), "step_time_s",
-                   "samples_per_s", *(["tokens_per_s"] if tokens_per_sample else []), "data_wait_s"]
+            stacked = torch.stack([_scalar(v, device) for v in values]).float()
+        collectives.all_reduce(stacked[:count * (1 + len(names))], "mean")  # in place
+        flat = stacked.tolist()
+        columns = [flat[start:start + count] for start in range(0, len(flat), count)]
+        steps = [p[0] for p in pending]
+        if self.stop_on_nonfinite and not math.isfinite(sum(columns[0])):
+            for step, loss in zip(steps, columns[0]):
+                if not math.isfinite(loss):
+                    raise TrainingDiverged(
+                        f"the loss became {loss} at step {step}; lower optim.lr, add warmup "
+                        "(optim.warmup_steps) or set train.clip_grad_norm"
+                    )
+        lrs, times, rates, waits = [], [], [], []
         started, start_step, wait_at_start = self.started, self.start_step, self.data_wait_at_start
-        for index, (step, out, ended, data_wait) in enumerate(pending):
-            row = rows[index]
-            if not math.isfinite(row[0]) and self.stop_on_nonfinite:
-                raise TrainingDiverged(
-                    f"the loss became {row[0]} at step {step}; lower optim.lr, add warmup "
-                    "(optim.warmup_steps) or set train.clip_grad_norm"
-                )
-            steps, elapsed = step - start_step, ended - started
-            rate = steps * global_batch / elapsed
-            row.append(out.lr)
-            if norms is not None:
-                row.append(norms[index])
-            row += (elapsed / steps, rate, rate * tokens_per_sample, (data_wait - wait_at_start) / steps) \
-                if tokens_per_sample else (elapsed / steps, rate, (data_wait - wait_at_start) / steps)
+        for step, out, ended, data_wait in pending:
+            between, elapsed = step - start_step, ended - started
+            lrs.append(out.lr)
+            times.append(elapsed / between)
+            rates.append(between * global_batch / elapsed)
+            waits.append((data_wait - wait_at_start) / between)
             started, start_step, wait_at_start = ended, step, data_wait
         self.started, self.start_step, self.data_wait_at_start = started, start_step, wait_at_start
+        columns.insert(1 + len(names), lrs)  # after the metrics, before the norms
+        columns += [times, rates, *([[rate * tokens_per_sample for rate in rates]] if tokens_per_sample else []),
+                    waits]
+        names = ["loss", *names, "lr", *(["grad_norm"] if norms else []), "step_time_s", "samples_per_s",
+                 *(["tokens_per_s"] if tokens_per_sample else []), "data_wait_s"]
         to_wall = time.time() - time.perf_counter()  # the steps' wall times, for the tracker
-        window = ReportWindow([p[0] for p in pending], columns, rows, [p[2] + to_wall for p in pending])
+        window = ReportWindow(steps, names, columns, [p[2] + to_wall for p in pending])
         reporter.on_train_metrics(window)
         return window
 

@@ -187,6 +187,7 @@ class Trainer:
                              strategy=self.job.scale.resolved_strategy)
         self.reporter.on_start(total_steps=self.max_steps, start_step=self.step)
         window = MetricsWindow(time.perf_counter(), self.step, stop_on_nonfinite=train.nonfinite == "stop")
+        self.control.start(self.step)  # (its first check, and report, after the first step)
         recent: deque[float] = deque(maxlen=_STEP_TIMES_KEPT)
         self.model.train()
         if self.device.type == "cuda":  # training's peak, not building or restoring's
@@ -228,9 +229,10 @@ class Trainer:
         Returns what the ranks agreed (``stop``: every rank stops here, preemption)."""
         every_eval = self.job.train.eval_every
         eval_due = self.eval_set is not None and every_eval and self.step % every_eval == 0
-        # Values of due steps stay on the device; one all-reduce and one host copy report
-        # them all at the console cadence, and before anything that shows them.
-        if window.pending and (self._due_now(self.job.train.log_every) or eval_due or self._save_due()):
+        # Values of kept steps stay on the device; one all-reduce and one host copy report
+        # them all at the control's check steps (about 4 times a second, the first step
+        # included), and before anything that shows them.
+        if window.pending and (eval_due or self._save_due()):
             result.train = self._report_train(window)
         if eval_due:
             result.eval = self.run_eval()
@@ -244,7 +246,7 @@ class Trainer:
         )
         if decision.commit and self.checkpoints is not None:
             self.checkpoints.wait_pending()
-        if window.pending and (decision.stop or decision.save):
+        if window.pending and (decision.report or decision.stop or decision.save):
             result.train = self._report_train(window)
         if decision.stop:
             result.preempted = decision.stop
@@ -385,9 +387,6 @@ class Trainer:
     def _due(self, every: int) -> bool:
         next_step = self.step + 1
         return next_step % every == 0 or next_step == self.max_steps or next_step == 1
-
-    def _due_now(self, every: int) -> bool:
-        return self.step % every == 0 or self.step == self.max_steps or self.step == 1
 
     def _report_train(self, window: MetricsWindow) -> dict[str, float]:
         """Report every pending step; returns the last one's metrics."""

@@ -34,7 +34,7 @@ from scaletrain.observe.telemetry import install as install_telemetry
 from scaletrain.recovery.attempts import error_code, restart_count, write_error
 from scaletrain.recovery.faults import FaultPlan, deny_writes
 from scaletrain.recovery.signals import StopRequest
-from scaletrain.recovery.watchdog import Watchdog
+from scaletrain.recovery.watchdog import Watchdog, collective_timeout_s
 from scaletrain.rundir import RunSpec
 from scaletrain.rundir.atomic import write_text_atomic
 from scaletrain.runners import get_runner, runner_kind
@@ -109,7 +109,8 @@ def run_worker(
                 "runner": runner.kind,
             },
         )
-        with process_group(env, placement, needed=needs_group) as grouped:
+        with process_group(env, placement, collective_timeout_s(job.recovery.hang_timeout_s),
+                           needed=needs_group) as grouped:
             runtime = WorkerRuntime(
                 spec, job, env, placement, reporter,
                 control=Control(grouped, stop, watchdog, _save_every_s(job)),

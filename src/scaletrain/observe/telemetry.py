@@ -53,11 +53,18 @@ class Telemetry:
 
     def observe(self, name: str, value: float, count: int = 1) -> None:
         """``count`` observations of ``value`` in a histogram."""
+        self.observe_many(name, [(value, count)])
+
+    def observe_many(self, name: str, observations: list[tuple[float, int]]) -> None:
+        """``(value, count)`` observations in a histogram, under one lock."""
         buckets = FIGURES[name].buckets
         with self._lock:
             hist = self.figures.setdefault(name, {"counts": [0] * (len(buckets) + 1), "sum": 0.0})
-            hist["counts"][bisect.bisect_left(buckets, value)] += count
-            hist["sum"] += value * count
+            counts, total = hist["counts"], hist["sum"]
+            for value, count in observations:
+                counts[bisect.bisect_left(buckets, value)] += count
+                total += value * count
+            hist["sum"] = total
 
     def work(self, kind: str, units: float = 1.0, errors: float = 0.0) -> None:
         """Units of work of a kind done (or tried), and how many of them failed."""
@@ -145,6 +152,8 @@ class TelemetrySink:
         self.telemetry.flush()
 
     def on_train_metrics(self, reports: Any) -> None:
+        """The window's figures summed first, then a few updates: a window of a step each
+        (tracking every step) costs the step's thread little more than one of many steps."""
         t = self.telemetry
         names = ("step_time_s", "samples_per_s", "tokens_per_s", "data_wait_s")
         if hasattr(reports, "column"):  # the loop's ReportWindow: its columns, no dict per step
@@ -153,23 +162,37 @@ class TelemetrySink:
         else:  # StepReports (tracking/reporter.py)
             steps = [report.step for report in reports]
             times, rates, tokens, waits = ([report.metrics.get(name) for report in reports] for name in names)
-        for index, step in enumerate(steps):
-            steps = step - (self.last_reported if self.last_reported is not None else step - 1)
-            self.last_reported = step
-            if steps <= 0:
+        previous = self.last_reported if self.last_reported is not None else steps[0] - 1
+        self.last_reported = steps[-1]
+        total, timed = 0, []
+        samples: float | None = None
+        token_count: float | None = None
+        waited: float | None = None
+        for step, step_time, rate, count, wait in zip(steps, times, rates, tokens, waits):
+            covered, previous = step - previous, step  # the steps since the last report
+            if covered <= 0:
                 continue
-            t.add("steps_total", steps)
-            if self.is_main:
-                t.work("step", steps)
-            step_time = times[index]
+            total += covered
             if step_time is not None:
-                t.observe("step_seconds", step_time, steps)
-                if (rate := rates[index]) is not None:
-                    t.add("samples_total", rate * step_time * steps / self.world_size)
-                if (count := tokens[index]) is not None:
-                    t.add("tokens_total", count * step_time * steps / self.world_size)
-            if (wait := waits[index]) is not None:
-                t.add("data_wait_seconds_total", wait * steps)
+                timed.append((step_time, covered))
+                if rate is not None:
+                    samples = (samples or 0.0) + rate * step_time * covered
+                if count is not None:
+                    token_count = (token_count or 0.0) + count * step_time * covered
+            if wait is not None:
+                waited = (waited or 0.0) + wait * covered
+        if total:
+            t.add("steps_total", total)
+            if self.is_main:
+                t.work("step", total)
+        if timed:
+            t.observe_many("step_seconds", timed)
+        if samples is not None:
+            t.add("samples_total", samples / self.world_size)
+        if token_count is not None:
+            t.add("tokens_total", token_count / self.world_size)
+        if waited is not None:
+            t.add("data_wait_seconds_total", waited)
         t.flush()
 
     def on_eval_metrics(self, step: int, metrics: dict[str, float]) -> None:

@@ -14,6 +14,7 @@ outlasts the grace period). A fault fires after optimizer step S, in the attempt
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 
 from scaletrain.errors import ConfigError
 from scaletrain.rundir import DENY_WRITES_ENV, FAULT_ENV
+
+log = logging.getLogger(__name__)
 
 # DENY_WRITES_ENV: a worker may not write under this folder (the driver's run directory, which
 # a worker on another machine cannot reach): any attempt raises PermissionError.
@@ -70,6 +73,9 @@ class FaultPlan:
         for fault in self.faults:
             if not fault.fired and fault.kind not in _DURING_CHECKPOINT and step == fault.step:
                 fault.fired = True
+                # Said first: when it struck (a bench's recovery time starts here), whatever it does.
+                log.warning("injected fault: %s after step %d (%s)", fault.kind, step, FAULT_ENV,
+                            extra={"fault": fault.kind})
                 _fire(fault)
 
     def during_checkpoint(self, step: int) -> None:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-__all__ = ["Watchdog", "grace_s", "HANG_DUMP_START", "RESUMED_MARK", "PEER_HANG_MARK"]
+__all__ = ["Watchdog", "grace_s", "collective_timeout_s", "HANG_DUMP_START", "RESUMED_MARK", "PEER_HANG_MARK"]
 
 log = logging.getLogger(__name__)
 
@@ -95,3 +95,11 @@ def grace_s(timeout_s: float) -> float:
     """From a rank's stack dump to its end: enough for every peer armed at the same check (a
     collective apart) to dump too."""
     return min(10.0, max(2.0, 0.25 * timeout_s))
+
+
+def collective_timeout_s(hang_timeout_s: float) -> float:
+    """The process group's timeout: a backstop the watchdog always beats. A collective that timed
+    out at ``hang_timeout_s`` would fail the waiting peers as the hung rank dumps its stacks, and
+    the attempt would end before those stacks were kept (or, on another Ray node, relayed): the
+    hang would read as a communication error. So: the dump, the grace for peers to dump, a minute."""
+    return hang_timeout_s + grace_s(hang_timeout_s) + 60.0

@@ -220,7 +220,7 @@ class _Training:
         job, runtime = self.job, self.runtime
         every_eval = job.train.eval_every
         eval_due = self.eval_set is not None and every_eval and self.step % every_eval == 0
-        if window.pending and (self._due(self.step, job.train.log_every) or eval_due or self._save_due()):
+        if window.pending and (eval_due or self._save_due()):  # before what shows them
             result["train"] = self._report_train(window)
         if eval_due:
             result["eval"] = self._evaluate()
@@ -228,7 +228,7 @@ class _Training:
         if runtime.after_step is not None:  # fault injection in tests
             runtime.after_step(self.step)
         decision = runtime.control.check(self.step, async_ready=True, async_pending=False)
-        if window.pending and (decision.stop or decision.save):
+        if window.pending and (decision.report or decision.stop or decision.save):  # (as the Trainer)
             result["train"] = self._report_train(window)
         if decision.stop:
             result["preempted"] = decision.stop

@@ -31,27 +31,25 @@ class JournalReporter(NullReporter):
     def _record(self, prefix: str, reports: Sequence[StepReport], indices: list[int]) -> None:
         done = self.recorded.get(prefix, 0)  # steps redone after a restart are journaled already
         steps = steps_of(reports)
-        indices = [i for i in indices if steps[i] > done]
+        if indices and steps[indices[0]] <= done:  # (the steps ascend)
+            indices = [i for i in indices if steps[i] > done]
         if not indices:
             return
         if isinstance(reports, ReportWindow) and len(indices) > 1:
             # The loop's window: its columns are the line's (the common case), no dict per step.
-            whole = len(indices) == len(steps)  # every step kept (tracking every step): no copies
-            self.journal.append_window(
-                steps if whole else [steps[i] for i in indices],
-                [int(reports.wall_times[i] * 1000) for i in indices],
-                [f"{prefix}/{name}" for name in reports.names],
-                reports.rows if whole else [reports.rows[i] for i in indices],
-            )
+            walls, columns = reports.wall_times, reports.columns
+            if len(indices) < len(steps):  # (all kept, tracking every step: as they are)
+                steps, walls = [steps[i] for i in indices], [walls[i] for i in indices]
+                columns = [[column[i] for i in indices] for column in columns]
+            self.journal.append_window(steps, walls, [f"{prefix}/{name}" for name in reports.names], columns)
             return
         kept = [reports[i] for i in indices]
         names = list(kept[0].metrics)
         if len(kept) > 1 and all(list(r.metrics) == names for r in kept):
             # A batch of steps that name the same metrics (a loop's own reports): one line.
             self.journal.append_window(
-                [r.step for r in kept], [int(r.wall_time * 1000) for r in kept],
-                [f"{prefix}/{name}" for name in names],
-                [[float(v) for v in r.metrics.values()] for r in kept],
+                [r.step for r in kept], [r.wall_time for r in kept], [f"{prefix}/{name}" for name in names],
+                [[float(r.metrics[name]) for r in kept] for name in names],
             )
             return
         self.journal.append([

@@ -1,5 +1,5 @@
 """The progress bar rank 0 shows on a terminal: step, loss, samples/s, ETA, and the built-in
-alerts firing now (the launcher's file; read at the console cadence, when it changed)."""
+alerts firing now (the launcher's file; read at each report, when it changed)."""
 
 from __future__ import annotations
 

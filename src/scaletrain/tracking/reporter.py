@@ -1,9 +1,9 @@
 """Where the loop's numbers go. The loop calls a Reporter; rank 0 fans out to the sinks.
 
 Training metrics arrive in batches: the loop keeps each step's values on the device and
-reports every pending step at the console cadence, so a sink writes a batch with one call
+reports every pending step about 4 times a second, so a sink writes a batch with one call
 (one write, one flush) instead of one per step. The loop's batch is a ReportWindow: the metric
-names once and a row of values per step, as the journal writes them; a step's dict is built
+names once and a column of values per metric, as the journal packs them; a step's dict is built
 only for a sink that keeps that step (logging every step cost the training thread ~7 us a
 step in dicts nobody read).
 """
@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol, overload
+from typing import IO, Any, Protocol, cast, overload
 
 __all__ = ["Reporter", "StepReport", "ReportWindow", "NullReporter", "Reporters", "MetricsFile", "LogReporter",
            "split_metrics", "steps_of", "kept_indices"]
@@ -29,13 +29,14 @@ class StepReport:
 
 
 class ReportWindow(Sequence[StepReport]):
-    """Steps reported together, oldest first, as columns: ``names`` once, ``rows[i]`` the
-    values of ``steps[i]`` in that order. Indexing gives a StepReport (built then)."""
+    """Steps reported together, oldest first, as columns: ``names`` once, ``columns[k]`` the
+    values of ``names[k]`` at every step (as the loop computes them and the journal packs
+    them). Indexing gives a StepReport (built then)."""
 
-    __slots__ = ("steps", "names", "rows", "wall_times")
+    __slots__ = ("steps", "names", "columns", "wall_times")
 
-    def __init__(self, steps: list[int], names: list[str], rows: list[list[float]], wall_times: list[float]):
-        self.steps, self.names, self.rows, self.wall_times = steps, names, rows, wall_times
+    def __init__(self, steps: list[int], names: list[str], columns: list[list[float]], wall_times: list[float]):
+        self.steps, self.names, self.columns, self.wall_times = steps, names, columns, wall_times
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -49,14 +50,14 @@ class ReportWindow(Sequence[StepReport]):
     def __getitem__(self, index: int | slice) -> StepReport | list[StepReport]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        return StepReport(self.steps[index], dict(zip(self.names, self.rows[index])), self.wall_times[index])
+        return StepReport(self.steps[index], {name: column[index] for name, column in zip(self.names, self.columns)},
+                          self.wall_times[index])
 
     def column(self, name: str) -> list[float | None]:
         """One metric's value at every step (None everywhere when the window lacks it)."""
         if name not in self.names:
             return [None] * len(self.steps)
-        index = self.names.index(name)
-        return [row[index] for row in self.rows]
+        return cast("list[float | None]", self.columns[self.names.index(name)])
 
 
 def steps_of(reports: Sequence[StepReport]) -> list[int]:

@@ -43,7 +43,7 @@ def worker_reporter(spec: RunSpec, job: JobConfig, context: LogContext, is_main:
     """``console``: an engine's relay to the user's console (Ray), a sink for rank 0.
 
     Every rank keeps its share of the live figures (``telemetry``: step times, samples, its last
-    step). Rank 0 writes metrics.jsonl and JSON log records at the console cadence, draws the progress
+    step). Rank 0 writes metrics.jsonl and JSON log records for every log_every-th step, draws the progress
     bar on a terminal, and journals for MLflow (written even while the tracker is unreachable)."""
     reached = read_step_mark(spec.worker_step(context.rank)) if context.rank is not None else None
     mark = StepMark(spec.worker_step(context.rank)) if context.rank is not None else None

@@ -18,8 +18,8 @@ __all__ = ["RemoteConsole", "ConsoleRelay"]
 
 
 class RemoteConsole:
-    """Rank 0's side of the relay (a Reporter sink plus a logging handler): progress at the
-    console cadence and warnings go to the mailbox, without waiting for it."""
+    """Rank 0's side of the relay (a Reporter sink plus a logging handler): progress at each
+    report and warnings go to the mailbox, without waiting for it."""
 
     def __init__(self, mailbox: Any, relay: Any = None):
         self.mailbox = mailbox

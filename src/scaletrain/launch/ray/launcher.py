@@ -5,6 +5,7 @@ Train's failure turned into our one-line root cause."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -20,6 +21,7 @@ from scaletrain.launch.ray.join import CONNECT_TIMEOUT_S
 from scaletrain.launch.ray.mailbox import mailbox_actor
 from scaletrain.launch.ray.worker_fn import train_loop
 from scaletrain.recovery.root_cause import worker_error
+from scaletrain.recovery.watchdog import collective_timeout_s
 from scaletrain.rundir import RunSpec
 from scaletrain.tracking.logs import LogContext
 from scaletrain.tracking.redact import Redactor
@@ -102,7 +104,7 @@ class RayLauncher(Launcher):
             train_loop,
             train_loop_config={"spec": spec.__dict__, "mailbox": mailbox,
                                "driver_node": ray.get_runtime_context().get_node_id()},
-            torch_config=TorchConfig(backend=backend, timeout_s=int(self.hang_timeout_s)),
+            torch_config=TorchConfig(backend=backend, timeout_s=math.ceil(collective_timeout_s(self.hang_timeout_s))),
             scaling_config=ScalingConfig(
                 num_workers=workers, use_gpu=bool(gpus), resources_per_worker=resources
             ),
