@@ -189,15 +189,17 @@ def main(argv: list[str] | None = None) -> int:
         while child.poll() is None:
             time.sleep(_POLL_S)
             silent = progress.silent_for()
-            if not stopped and silent > timeout:
-                hung = True
-                _end_hung(child, stacks, timeout, progress.reports, request, rank)
-                break
+            # A peer's request first: a rank silent since a peer hung waits for that peer, also
+            # once it is silent for the timeout itself (never a hang of its own).
             if not dumped_for_peer and silent >= _PEER_DUMP_AFTER_S and _requested(request, started):
                 dumped_for_peer = True
                 with open(stacks, "a", encoding="utf-8") as file:
                     file.write(f"{PEER_HANG_MARK} ({silent:.1f} s without progress)\n")
                 _dump_stacks(child, stacks, wait_s=2.0)
+            elif not stopped and not dumped_for_peer and silent > timeout:
+                hung = True
+                _end_hung(child, stacks, timeout, progress.reports, request, rank)
+                break
         code = child.wait()
         for output in outputs:
             output.thread.join(timeout=5)
@@ -255,15 +257,16 @@ def _end_hung(child: subprocess.Popen, stacks: Path, timeout: float, reports: bo
               timeout, why, stacks, extra={"console": False})
     # A header shaped like the watchdog's: where this dump starts, for the root cause, after an
     # earlier attempt's in the same file.
+    # Its peers dump meanwhile: those on this node are asked at once (the request file; no fsync:
+    # it tells live processes, and a peer that waited for this rank since it hung is only seconds
+    # from its own timeout), and dump once silent for a second (waiting for this rank in a
+    # collective). Ended at once, this script would have its peers fail (a connection closed
+    # under their collective) and be stopped before their stacks say what they waited in.
+    request.write_text(f"rank {rank}\n", encoding="utf-8")
     with open(stacks, "a", encoding="utf-8") as file:
         file.write(f"{HANG_DUMP_START}{timeout:g} s without progress)!\n")
     if not _dump_stacks(child, stacks, wait_s=5.0):
         return
-    # Its peers dump meanwhile: those silent as long time out themselves; the others on this node
-    # are asked (the request file), and dump once silent for a second (waiting for this rank in a
-    # collective). Ended at once, this script would have its peers fail (a connection closed
-    # under their collective) and be stopped before their stacks say what they waited in.
-    write_text_atomic(request, f"rank {rank}\n")
     time.sleep(grace_s(timeout))
     try:
         family = [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]
