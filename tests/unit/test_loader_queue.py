@@ -55,6 +55,10 @@ def test_batches_received_ahead_keep_their_order_and_errors():
                           loader_workers=2, collate=None)
     with pytest.raises(ValueError, match="corrupt record 5"):
         next(iter(loader))
+    workers = list(loader._source._workers)
+    started = time.monotonic()
+    loader.close()  # as the trainer does after an error: its workers end now, not 5 s each at a gc
+    assert not any(worker.is_alive() for worker in workers) and time.monotonic() - started < 4
 
 
 def test_without_workers_there_is_no_queue():

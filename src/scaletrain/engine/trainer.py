@@ -192,16 +192,20 @@ class Trainer:
         self.model.train()
         if self.device.type == "cuda":  # training's peak, not building or restoring's
             torch.cuda.reset_peak_memory_stats(self.device)
-        while self.step < self.max_steps:
-            started = time.perf_counter()
-            step_out = self.train_step(batches, report=self._due(self.report_every))
-            recent.append(time.perf_counter() - started)
-            self.step += 1
-            window.add(step_out, self.step)
-            if result.first_step_at is None:
-                result.first_step_at = time.time()
-            if self._between_steps(window, result).stop:
-                break
+        try:
+            while self.step < self.max_steps:
+                started = time.perf_counter()
+                step_out = self.train_step(batches, report=self._due(self.report_every))
+                recent.append(time.perf_counter() - started)
+                self.step += 1
+                window.add(step_out, self.step)
+                if result.first_step_at is None:
+                    result.first_step_at = time.time()
+                if self._between_steps(window, result).stop:
+                    break
+        except BaseException:
+            loader.close()  # its workers end now, not at a garbage collection after the error
+            raise
         if window.pending:
             result.train = self._report_train(window)
         loader.close()
