@@ -25,13 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, gpu_section  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
-# name: (script, quick args, full args)
+# name: (script, quick args, full args). Throughput: 4 pairs in quick mode (2 read a 3-4% gap
+# in either direction from run to run here: the raw loop's own runs spread 10-20%).
 BENCHES = {
-    "throughput_digits": ("throughput.py", ["--job", "examples/digits.yaml", "--repeats", "2", "--steps", "3000",
+    "throughput_digits": ("throughput.py", ["--job", "examples/digits.yaml", "--repeats", "4", "--steps", "3000",
                                             "--no-scaling"],
                           ["--job", "examples/digits.yaml", "--repeats", "5", "--steps", "3000",
                            "--with-tracking-off"]),
-    "throughput_tiny_gpt": ("throughput.py", ["--job", "examples/tiny_gpt.yaml", "--repeats", "2", "--steps", "450"],
+    "throughput_tiny_gpt": ("throughput.py", ["--job", "examples/tiny_gpt.yaml", "--repeats", "4", "--steps", "450"],
                             ["--job", "examples/tiny_gpt.yaml", "--repeats", "5", "--steps", "600"]),
     "whole_job": ("whole_job.py", ["--steps", "330,3000", "--repeats", "3", "--repeats-for", "3000=6"],
                   ["--steps", "330,3000", "--repeats", "5", "--repeats-for", "3000=8"]),
