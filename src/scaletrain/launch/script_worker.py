@@ -255,14 +255,14 @@ def _end_hung(child: subprocess.Popen, stacks: Path, timeout: float, reports: bo
     why = "no scaletrain.report() or should_stop() call" if reports else "no output and no CPU time used"
     log.error("the script made no progress for %g s (%s); dumping its stacks to %s and ending it",
               timeout, why, stacks, extra={"console": False})
-    # A header shaped like the watchdog's: where this dump starts, for the root cause, after an
-    # earlier attempt's in the same file.
     # Its peers dump meanwhile: those on this node are asked at once (the request file; no fsync:
     # it tells live processes, and a peer that waited for this rank since it hung is only seconds
     # from its own timeout), and dump once silent for a second (waiting for this rank in a
     # collective). Ended at once, this script would have its peers fail (a connection closed
     # under their collective) and be stopped before their stacks say what they waited in.
     request.write_text(f"rank {rank}\n", encoding="utf-8")
+    # A header shaped like the watchdog's: where this dump starts, for the root cause, after an
+    # earlier attempt's in the same file.
     with open(stacks, "a", encoding="utf-8") as file:
         file.write(f"{HANG_DUMP_START}{timeout:g} s without progress)!\n")
     if not _dump_stacks(child, stacks, wait_s=5.0):
