@@ -66,8 +66,14 @@ def torchrun_job(job_path: str, steps: int, workers: int, config) -> float:
     )
     elapsed = time.perf_counter() - started
     if out.returncode != 0:
-        raise RuntimeError(f"the baseline failed ({out.returncode}): {out.stderr[-3000:]}")
+        raise BaselineFailed(f"the baseline failed ({out.returncode}): {out.stderr[-3000:]}")
     return elapsed
+
+
+class BaselineFailed(RuntimeError):
+    """A raw run that failed: torchrun's workers abort at exit now and then (torch 2.13, gloo:
+    "terminate called without an active exception"), after every step. Run again and counted in
+    ``failed_runs``; a scaletrain run that fails stops the bench."""
 
 
 def spread(values: list[float]) -> dict:
@@ -97,6 +103,7 @@ def main() -> None:
 
         MlflowClient(f"sqlite:///{store / 'mlflow.db'}").search_experiments()  # creates the tables
         lengths = {}
+        failures: list[str] = []
         more = {int(k): int(v) for k, v in (item.split("=") for item in args.repeats_for)}
         for steps in (int(s) for s in args.steps.split(",")):
             runs: dict[str, list[float]] = {"scaletrain": [], "torchrun": []}
@@ -104,9 +111,18 @@ def main() -> None:
             for repeat in range(more.get(steps, args.repeats)):
                 order = ["scaletrain", "torchrun"] if repeat % 2 == 0 else ["torchrun", "scaletrain"]
                 for name in order:
-                    before = children_cpu_s()
-                    runs[name].append(scaletrain_job(str(REPO / args.job), steps, Path(tmp), store, args.overrides)
-                                      if name == "scaletrain" else torchrun_job(args.job, steps, workers, config))
+                    while True:
+                        before = children_cpu_s()
+                        try:
+                            wall = (scaletrain_job(str(REPO / args.job), steps, Path(tmp), store, args.overrides)
+                                    if name == "scaletrain" else torchrun_job(args.job, steps, workers, config))
+                            break
+                        except BaselineFailed as failed:
+                            failures.append(f"{steps} steps: {str(failed).splitlines()[-1][-300:]}")
+                            print(f"torchrun FAILED, run again: {failures[-1]}", file=sys.stderr, flush=True)
+                            if len(failures) > args.repeats:
+                                raise
+                    runs[name].append(wall)
                     cpu[name].append(children_cpu_s() - before)
             paired = [s / r for s, r in zip(runs["scaletrain"], runs["torchrun"])]
             # CPU-seconds of every process of the job: steadier than wall on a shared machine,
@@ -118,7 +134,7 @@ def main() -> None:
                                    "cpu_s": {name: spread(values) for name, values in cpu.items()},
                                    "cpu_ratio": statistics.median(cpu["scaletrain"]) / statistics.median(cpu["torchrun"])}
     emit({"job": args.job, "workers": workers, "repeats": args.repeats, "overrides": args.overrides,
-          "lengths": lengths}, args.out)
+          "lengths": lengths, "failed_runs": failures}, args.out)
 
 
 if __name__ == "__main__":
