@@ -53,6 +53,12 @@ def scaletrain_job(job: str, steps: int, tmp: Path, store: Path, overrides: list
     return elapsed
 
 
+class BaselineFailed(RuntimeError):
+    """A raw run that failed: torchrun's workers abort at exit now and then (torch 2.13, gloo:
+    "terminate called without an active exception"), after every step. Run again and counted in
+    ``failed_runs``; a scaletrain run that fails stops the bench."""
+
+
 def torchrun_job(job_path: str, steps: int, workers: int, config) -> float:
     o, t = config.optim, config.train
     started = time.perf_counter()
@@ -68,12 +74,6 @@ def torchrun_job(job_path: str, steps: int, workers: int, config) -> float:
     if out.returncode != 0:
         raise BaselineFailed(f"the baseline failed ({out.returncode}): {out.stderr[-3000:]}")
     return elapsed
-
-
-class BaselineFailed(RuntimeError):
-    """A raw run that failed: torchrun's workers abort at exit now and then (torch 2.13, gloo:
-    "terminate called without an active exception"), after every step. Run again and counted in
-    ``failed_runs``; a scaletrain run that fails stops the bench."""
 
 
 def spread(values: list[float]) -> dict:

@@ -16,7 +16,8 @@ from scaletrain.cli.launch import script_job
 from scaletrain.config import parse_job
 from scaletrain.errors import ConfigError
 from scaletrain.launch import script_worker
-from scaletrain.rundir import RunSpec
+from scaletrain.recovery.watchdog import HANG_DUMP_START, PEER_HANG_MARK
+from scaletrain.rundir import PEER_HANG_REQUEST, RunSpec
 
 
 def script_spec(tmp_path, body: str, **recovery) -> Path:
@@ -62,6 +63,19 @@ def test_a_silent_idle_script_is_dumped_and_ended(tmp_path, rank0):
     stacks = RunSpec.read(spec_file).worker_stacks(0).read_text()
     assert "in wait" in stacks
     assert not RunSpec.read(spec_file).worker_error(0).exists()  # the stacks say it: a hang
+
+
+def test_a_script_waiting_for_a_hung_peer_dumps_for_it_and_is_never_hung_itself(tmp_path, rank0):
+    # The peer's request comes first (as a hung peer's worker writes it); then this script stays
+    # silent for longer than its own timeout and goes on: dumped once, as a peer's, not ended.
+    spec_file = script_spec(tmp_path, "", hang_timeout_s=1)
+    spec = RunSpec.read(spec_file)
+    request = spec.logs_dir / PEER_HANG_REQUEST
+    (tmp_path / "train.py").write_text(f"import time\nopen({str(request)!r}, 'w').close()\n"
+                                       "def wait():\n    time.sleep(2.5)\nwait()\n")
+    assert script_worker.main([str(spec_file)]) == 0
+    stacks = spec.worker_stacks(0).read_text()
+    assert stacks.startswith(PEER_HANG_MARK) and "in wait" in stacks and HANG_DUMP_START not in stacks
 
 
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGUSR1"])
