@@ -57,6 +57,30 @@ def test_a_failing_script_leaves_its_exception(tmp_path, rank0):
     assert (error["type"], error["message"], error["exit_code"]) == ("KeyError", "'no such column'", 1)
 
 
+def test_an_exception_stays_the_cause_when_the_script_then_aborts_on_its_way_out(tmp_path, rank0):
+    # torch 2.13's gloo, now and then: a line after the traceback, then SIGABRT at exit.
+    spec_file = script_spec(tmp_path, (
+        "import atexit, os, sys\n"
+        "atexit.register(lambda: (print('terminate called without an active exception', file=sys.stderr,"
+        " flush=True), os.abort()))\n"
+        "raise ValueError('bad batch at step 2')\n"))
+    assert script_worker.main([str(spec_file)]) == 1
+    error = json.loads(RunSpec.read(spec_file).worker_error(0).read_text())
+    assert (error["type"], error["message"], error["exit_code"]) == ("ValueError", "bad batch at step 2",
+                                                                      -signal.SIGABRT)
+
+
+def test_a_killed_script_is_named_killed_even_after_a_printed_traceback(tmp_path, rank0):
+    # A traceback the script printed and went on from (logging.exception) is not why it ended.
+    spec_file = script_spec(tmp_path, (
+        "import os, signal, traceback\n"
+        "try:\n    raise KeyError('handled')\nexcept KeyError:\n    traceback.print_exc()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"))
+    assert script_worker.main([str(spec_file)]) == 1
+    error = json.loads(RunSpec.read(spec_file).worker_error(0).read_text())
+    assert (error["type"], error["message"]) == ("Killed", "the script was killed by SIGKILL")
+
+
 def test_a_silent_idle_script_is_dumped_and_ended(tmp_path, rank0):
     spec_file = script_spec(tmp_path, "import time\ndef wait():\n    time.sleep(60)\nwait()\n", hang_timeout_s=1)
     assert script_worker.main([str(spec_file)]) == 1

@@ -322,19 +322,32 @@ def _write_error(spec: RunSpec, rank: int, code: int, tail: deque[str], redactor
     # torch.distributed prefixes an uncaught exception's lines with "[rankN]: ".
     lines = [_RANK_PREFIX.sub("", line) for line in tail if line.strip()]
     kind, message = "ScriptFailed", f"the script exited with code {code}"
-    if code < 0:
+    exception = _uncaught_exception(lines)
+    # An uncaught exception is the cause also when the process then aborts on its way out (torch
+    # 2.13's gloo now and then: "terminate called without an active exception", SIGABRT).
+    if exception is not None and (code > 0 or code == -signal.SIGABRT):
+        kind, message = exception[0], exception[1] or message
+    elif code < 0:
         kind, message = "Killed", f"the script was killed by {signal.Signals(-code).name}"
-    elif "Traceback (most recent call last):" in lines:
-        last = lines[-1] if lines else ""
-        found = _EXCEPTION_LINE.match(last.strip())
-        if found:
-            kind, message = found.group(1).rsplit(".", 1)[-1], found.group(2) or message
     error = {"rank": rank, "steps": _last_step(spec), "type": kind, "message": redactor.text(message),
              "traceback": redactor.text("\n".join(tail)), "timestamp": time.time(), "exit_code": code}
     try:
         write_text_atomic(spec.worker_error(rank), json.dumps(error))
     except OSError:
         log.warning("could not write the error file for rank %s", rank, exc_info=True)
+
+
+def _uncaught_exception(lines: list[str]) -> tuple[str, str] | None:
+    """The type and message of the last traceback's exception: the first unindented line after
+    its frames (lines printed after it, at exit, are not the exception)."""
+    starts = [i for i, line in enumerate(lines) if line.strip() == "Traceback (most recent call last):"]
+    if not starts:
+        return None
+    for line in lines[starts[-1] + 1:]:
+        if not line.startswith((" ", "\t")):
+            found = _EXCEPTION_LINE.match(line.strip())
+            return (found.group(1).rsplit(".", 1)[-1], found.group(2)) if found else None
+    return None
 
 
 def _last_rows(spec: RunSpec) -> list[dict[str, Any]]:
