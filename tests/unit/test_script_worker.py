@@ -57,6 +57,28 @@ def test_a_failing_script_leaves_its_exception(tmp_path, rank0):
     assert (error["type"], error["message"], error["exit_code"]) == ("KeyError", "'no such column'", 1)
 
 
+@pytest.mark.parametrize("ending, code", [("", 0), ("sys.exit(3)\n", 3)])
+def test_a_scripts_cycles_are_collected_before_the_interpreters_teardown(tmp_path, rank0, ending, code):
+    # A DDP model's cycles hold gloo's threads: freed at teardown they abort (SIGABRT) a script
+    # that finished. Collected when the script ends, before the atexit handlers run.
+    spec_file = script_spec(tmp_path, (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('teardown', flush=True))\n"
+        "class Held:\n"
+        "    def __del__(self):\n"
+        "        print('collected', flush=True)\n"
+        "def main():\n"
+        "    held = Held()\n"
+        "    held.me = held\n"
+        "main()\n" + ending))
+    assert script_worker.main([str(spec_file)]) == (0 if code == 0 else 1)
+    lines = [r["message"] for r in records(spec_file) if r.get("stream") == "stdout"]
+    assert lines == ["collected", "teardown"]
+    if code:
+        error = json.loads(RunSpec.read(spec_file).worker_error(0).read_text())
+        assert error["exit_code"] == code
+
+
 def test_an_exception_stays_the_cause_when_the_script_then_aborts_on_its_way_out(tmp_path, rank0):
     # torch 2.13's gloo, now and then: a line after the traceback, then SIGABRT at exit.
     spec_file = script_spec(tmp_path, (
