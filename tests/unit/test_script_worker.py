@@ -111,6 +111,29 @@ def test_a_silent_idle_script_is_dumped_and_ended(tmp_path, rank0):
     assert not RunSpec.read(spec_file).worker_error(0).exists()  # the stacks say it: a hang
 
 
+def test_a_script_that_computes_without_output_is_not_hung(tmp_path, rank0):
+    body = "import time\nend = time.monotonic() + 2.5\nwhile time.monotonic() < end:\n    pass\n"
+    spec_file = script_spec(tmp_path, body, hang_timeout_s=1)
+    assert script_worker.main([str(spec_file)]) == 0
+    assert RunSpec.read(spec_file).worker_stacks(0).read_text() == ""  # never dumped
+
+
+def test_a_blocked_script_whose_threads_tick_now_and_then_is_hung(tmp_path, rank0):
+    # A process blocked in gloo still uses a little CPU (its threads); 3% of a core is no progress.
+    body = ("import threading, time\n"
+            "def tick():\n"
+            "    while True:\n"
+            "        start = time.thread_time()\n"
+            "        while time.thread_time() - start < 0.03:\n"
+            "            pass\n"
+            "        time.sleep(1)\n"
+            "threading.Thread(target=tick, daemon=True).start()\n"
+            "def wait():\n    time.sleep(8)\nwait()\n")
+    spec_file = script_spec(tmp_path, body, hang_timeout_s=1.5)
+    assert script_worker.main([str(spec_file)]) == 1
+    assert "in wait" in RunSpec.read(spec_file).worker_stacks(0).read_text()
+
+
 def test_a_script_waiting_for_a_hung_peer_dumps_for_it_and_is_never_hung_itself(tmp_path, rank0):
     # The peer's request comes first (as a hung peer's worker writes it); then this script stays
     # silent for longer than its own timeout and goes on: dumped once, as a peer's, not ended.

@@ -13,8 +13,8 @@ can have.
   scaletrain.should_stop() stops at a step its ranks agree on.
 - A hang is the absence of progress for recovery.hang_timeout_s: no scaletrain.report() or
   should_stop() call when the script makes them; otherwise no output line AND no CPU time used
-  (its process and their children: a step that computes without printing is progress, a
-  process blocked in a collective or a deadlock is not). The child's every thread's stack is
+  (over 5% of a core, its process and their children: a step that computes without printing is
+  progress, a process blocked in a collective or a deadlock is not). The child's every thread's stack is
   dumped (faulthandler, registered for SIGUSR2 before the script runs), then it is killed, and
   the attempt fails as a hang: restarted when restarts are left. Before it is killed, its peers
   on this node are asked for their stacks: those waiting (silent a second or more) dump them,
@@ -59,6 +59,12 @@ _POLL_S = 0.2
 # long then waits (for it, most likely) and is dumped; one busy computing is not.
 _PEER_DUMP_AFTER_S = 1.0
 _TAIL_LINES = 60
+# CPU time is progress when the script used more than this share of a core since its last
+# progress (and _MIN_CPU_S at least). A process blocked in gloo still ticks now and then (its
+# threads: 10 ms every 3-5 s, 0.3% of a core); a tick, counted as progress, put off a hung rank's
+# timeout past its waiting peer's.
+_CPU_SHARE = 0.05
+_MIN_CPU_S = 0.1
 
 # Runs in the child before the script: python's own `python train.py ARGS`, plus faulthandler
 # on STACKS_SIGNAL writing to this rank's stacks file. When the script ends (also by
@@ -115,7 +121,7 @@ class _Progress:
 
         self.process = psutil.Process(pid)
         self.heartbeat, self.outputs = heartbeat, outputs
-        self.cpu = self._cpu()
+        self.cpu = self._cpu()  # at the last progress
         self.beat = self._beat()
         self.at = time.monotonic()
         self.reports = False  # the script calls scaletrain.report/should_stop: only they count
@@ -144,9 +150,8 @@ class _Progress:
         elif not self.reports:
             cpu = self._cpu()
             latest_output = max(output.last_at for output in self.outputs)
-            if cpu > self.cpu + 0.01 or latest_output > self.at:
-                self.at = now
-            self.cpu = cpu
+            if latest_output > self.at or cpu - self.cpu > max(_MIN_CPU_S, _CPU_SHARE * (now - self.at)):
+                self.at, self.cpu = now, cpu
         return now - self.at
 
 
