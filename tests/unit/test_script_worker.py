@@ -92,6 +92,17 @@ def test_an_exception_stays_the_cause_when_the_script_then_aborts_on_its_way_out
                                                                       -signal.SIGABRT)
 
 
+def test_a_traceback_longer_than_the_tail_kept_still_names_its_exception(tmp_path, rank0):
+    spec_file = script_spec(tmp_path, (
+        "def a(n):\n    return b(n - 1) if n else int('x')\n"
+        "def b(n):\n    return a(n - 1)\n"
+        "a(60)\n"))
+    assert script_worker.main([str(spec_file)]) == 1
+    error = json.loads(RunSpec.read(spec_file).worker_error(0).read_text())
+    assert "Traceback (most recent call last):" not in error["traceback"]  # beyond the tail kept
+    assert (error["type"], error["message"]) == ("ValueError", "invalid literal for int() with base 10: 'x'")
+
+
 def test_a_killed_script_is_named_killed_even_after_a_printed_traceback(tmp_path, rank0):
     # A traceback the script printed and went on from (logging.exception) is not why it ended.
     spec_file = script_spec(tmp_path, (

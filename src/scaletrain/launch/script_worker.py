@@ -354,11 +354,13 @@ def _write_error(spec: RunSpec, rank: int, code: int, tail: deque[str], redactor
 
 def _uncaught_exception(lines: list[str]) -> tuple[str, str] | None:
     """The type and message of the last traceback's exception: the first unindented line after
-    its frames (lines printed after it, at exit, are not the exception)."""
+    its frames (lines printed after it, at exit, are not the exception). A traceback longer than
+    the tail kept has lost its header: then after the last frame."""
     starts = [i for i, line in enumerate(lines) if line.strip() == "Traceback (most recent call last):"]
-    if not starts:
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    if not starts and not frames:
         return None
-    for line in lines[starts[-1] + 1:]:
+    for line in lines[starts[-1] + 1 if starts else frames[-1]:]:
         if not line.startswith((" ", "\t")):
             found = _EXCEPTION_LINE.match(line.strip())
             return (found.group(1).rsplit(".", 1)[-1], found.group(2)) if found else None
