@@ -41,6 +41,12 @@ def records(spec_file, rank=0):
     return [json.loads(line) for line in spec.worker_log(rank).read_text().splitlines()]
 
 
+def failure(spec_file) -> dict:
+    """Runs the script worker on a script that fails: its exit code 1 and the rank's error file."""
+    assert script_worker.main([str(spec_file)]) == 1
+    return json.loads(RunSpec.read(spec_file).worker_error(0).read_text())
+
+
 def test_a_script_that_succeeds_leaves_its_output_and_a_result(tmp_path, rank0):
     spec_file = script_spec(tmp_path, "import sys\nprint('hello', sys.argv[1:])\nprint('to stderr', file=sys.stderr)\n")
     assert script_worker.main([str(spec_file)]) == 0
@@ -52,8 +58,7 @@ def test_a_script_that_succeeds_leaves_its_output_and_a_result(tmp_path, rank0):
 
 def test_a_failing_script_leaves_its_exception(tmp_path, rank0):
     spec_file = script_spec(tmp_path, "raise KeyError('no such column')\n")
-    assert script_worker.main([str(spec_file)]) == 1
-    error = json.loads(RunSpec.read(spec_file).worker_error(0).read_text())
+    error = failure(spec_file)
     assert (error["type"], error["message"], error["exit_code"]) == ("KeyError", "'no such column'", 1)
 
 
@@ -86,8 +91,7 @@ def test_an_exception_stays_the_cause_when_the_script_then_aborts_on_its_way_out
         "atexit.register(lambda: (print('terminate called without an active exception', file=sys.stderr,"
         " flush=True), os.abort()))\n"
         "raise ValueError('bad batch at step 2')\n"))
-    assert script_worker.main([str(spec_file)]) == 1
-    error = json.loads(RunSpec.read(spec_file).worker_error(0).read_text())
+    error = failure(spec_file)
     assert (error["type"], error["message"], error["exit_code"]) == ("ValueError", "bad batch at step 2",
                                                                       -signal.SIGABRT)
 
@@ -97,8 +101,7 @@ def test_a_traceback_longer_than_the_tail_kept_still_names_its_exception(tmp_pat
         "def a(n):\n    return b(n - 1) if n else int('x')\n"
         "def b(n):\n    return a(n - 1)\n"
         "a(60)\n"))
-    assert script_worker.main([str(spec_file)]) == 1
-    error = json.loads(RunSpec.read(spec_file).worker_error(0).read_text())
+    error = failure(spec_file)
     assert "Traceback (most recent call last):" not in error["traceback"]  # beyond the tail kept
     assert (error["type"], error["message"]) == ("ValueError", "invalid literal for int() with base 10: 'x'")
 
@@ -109,8 +112,7 @@ def test_a_killed_script_is_named_killed_even_after_a_printed_traceback(tmp_path
         "import os, signal, traceback\n"
         "try:\n    raise KeyError('handled')\nexcept KeyError:\n    traceback.print_exc()\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"))
-    assert script_worker.main([str(spec_file)]) == 1
-    error = json.loads(RunSpec.read(spec_file).worker_error(0).read_text())
+    error = failure(spec_file)
     assert (error["type"], error["message"]) == ("Killed", "the script was killed by SIGKILL")
 
 
